@@ -1,0 +1,333 @@
+"""The cluster as numpy arrays, one row per node: capacity, usage, GPUs, labels, taints, residents.
+
+The binder keeps the authoritative copy; each shard keeps a cached copy that it updates from the
+binder's change log (`apply`). Rows are stable: a removed node leaves a tombstone row.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from gosched.common.node import Node, NodeState, Taint
+from gosched.common.resources import GPU_MILLI
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+B = npt.NDArray[np.bool_]
+
+MAX_GPUS = 16  # GPUs per node the arrays hold; larger nodes are refused at registration
+
+
+@dataclass(slots=True)
+class Resident:
+    """A task holding resources on a node, with what preemption and anti-affinity need to know."""
+
+    task_id: str
+    job_id: str
+    cpu_milli: int
+    memory: int
+    gpus: tuple[tuple[int, int], ...] = ()
+    extended: tuple[tuple[str, int], ...] = ()
+    priority: int = 0
+    preemptible: bool = True
+    queue: str = "default"
+    tenant: str = "default"
+    start_time: float = 0.0
+    job_labels: tuple[tuple[str, str], ...] = ()
+    role: str = ""
+    min_member: int = 1
+
+
+@dataclass(slots=True)
+class ClusterArrays:
+    capacity: int = 64
+    n: int = 0  # rows in use (tombstones included)
+    nodes: list[Node | None] = field(default_factory=list)
+    row_of: dict[str, int] = field(default_factory=dict)
+    residents: list[dict[str, Resident]] = field(default_factory=list)
+    task_row: dict[str, int] = field(default_factory=dict)
+    extended_names: list[str] = field(default_factory=list)
+    gpu_models: dict[str, int] = field(default_factory=dict)
+    # meta_generation bumps whenever node metadata (labels, taints, state, capacity) changes.
+    meta_generation: int = 0
+    # Rows whose usage changed, in order; dynamic caches remember how far they have read.
+    dirty_log: list[int] = field(default_factory=list)
+    dirty_base: int = 0  # absolute position of dirty_log[0]
+
+    def __post_init__(self) -> None:
+        self._alloc(self.capacity)
+
+    # -- storage --------------------------------------------------------------------------------
+    def _alloc(self, cap: int) -> None:
+        e = max(1, len(self.extended_names))
+        self.cpu_cap: I64 = np.zeros(cap, np.int64)
+        self.cpu_used: I64 = np.zeros(cap, np.int64)
+        self.mem_cap: I64 = np.zeros(cap, np.int64)
+        self.mem_used: I64 = np.zeros(cap, np.int64)
+        self.ext_cap: I64 = np.zeros((cap, e), np.int64)
+        self.ext_used: I64 = np.zeros((cap, e), np.int64)
+        self.gpu_exists: B = np.zeros((cap, MAX_GPUS), np.bool_)
+        self.gpu_free: I32 = np.zeros((cap, MAX_GPUS), np.int32)  # milli-GPU free per GPU
+        self.gpu_mem: I32 = np.zeros((cap, MAX_GPUS), np.int32)
+        self.gpu_numa: I32 = np.full((cap, MAX_GPUS), -1, np.int32)
+        self.gpu_nvlink: I64 = np.zeros((cap, MAX_GPUS), np.int64)  # bitmask of NVLink peers
+        self.gpu_model: I32 = np.full((cap, MAX_GPUS), -1, np.int32)
+        self.gpu_count: I32 = np.zeros(cap, np.int32)
+        self.free_whole: I32 = np.zeros(cap, np.int32)  # fully free GPUs
+        self.max_share: I32 = np.zeros(cap, np.int32)  # largest free milli on any one GPU
+        self.gpu_used_total: I64 = np.zeros(cap, np.int64)  # milli-GPU in use on the node
+        self.schedulable: B = np.zeros(cap, np.bool_)
+        self.alive: B = np.zeros(cap, np.bool_)
+
+    def _grow(self) -> None:
+        old = {name: getattr(self, name) for name in _ARRAYS}
+        self.capacity *= 2
+        self._alloc(self.capacity)
+        for name, arr in old.items():
+            new = getattr(self, name)
+            if name in ("ext_cap", "ext_used"):
+                new[: arr.shape[0], : arr.shape[1]] = arr
+            else:
+                new[: arr.shape[0]] = arr
+
+    def _ext_col(self, name: str) -> int:
+        try:
+            return self.extended_names.index(name)
+        except ValueError:
+            self.extended_names.append(name)
+            col = len(self.extended_names) - 1
+            if col >= self.ext_cap.shape[1]:
+                pad = np.zeros((self.capacity, 1), np.int64)
+                self.ext_cap = np.hstack([self.ext_cap, pad])
+                self.ext_used = np.hstack([self.ext_used, pad.copy()])
+            return col
+
+    def ext_col(self, name: str) -> int | None:
+        """Column of an extended resource, None if no node has it."""
+        try:
+            return self.extended_names.index(name)
+        except ValueError:
+            return None
+
+    def model_id(self, model: str) -> int:
+        """Id of a GPU model name; -2 if no node has that model (matches nothing)."""
+        return self.gpu_models.get(model, -2)
+
+    # -- nodes ----------------------------------------------------------------------------------
+    def upsert_node(self, node: Node) -> int:
+        if len(node.gpus) > MAX_GPUS:
+            raise ValueError(f"node {node.name}: {len(node.gpus)} GPUs, at most {MAX_GPUS} supported")
+        row = self.row_of.get(node.name)
+        if row is None:
+            if self.n == self.capacity:
+                self._grow()
+            row = self.n
+            self.n += 1
+            self.nodes.append(node)
+            self.residents.append({})
+            self.row_of[node.name] = row
+        else:
+            self.nodes[row] = node
+        self.cpu_cap[row] = node.cpu_milli
+        self.mem_cap[row] = node.memory
+        self.ext_cap[row, :] = 0
+        for name, amount in node.extended:
+            self.ext_cap[row, self._ext_col(name)] = amount
+        self.gpu_exists[row, :] = False
+        self.gpu_numa[row, :] = -1
+        self.gpu_nvlink[row, :] = 0
+        self.gpu_model[row, :] = -1
+        self.gpu_mem[row, :] = 0
+        for gpu in node.gpus:
+            g = gpu.index
+            self.gpu_exists[row, g] = True
+            self.gpu_mem[row, g] = gpu.memory_mib
+            self.gpu_numa[row, g] = gpu.numa_node
+            self.gpu_model[row, g] = self.gpu_models.setdefault(gpu.model, len(self.gpu_models))
+            mask = 0
+            for peer in gpu.nvlink_peers:
+                mask |= 1 << peer
+            self.gpu_nvlink[row, g] = mask
+        self.gpu_count[row] = len(node.gpus)
+        self.alive[row] = True
+        self.schedulable[row] = node.state == NodeState.READY
+        self._recompute_usage(row)
+        self.meta_generation += 1
+        self.mark_dirty(row)
+        return row
+
+    def set_state(self, name: str, state: NodeState) -> None:
+        row = self.row_of[name]
+        node = self.nodes[row]
+        assert node is not None
+        self.upsert_node(
+            Node(node.name, node.cpu_milli, node.memory, node.gpus, node.labels, node.taints, node.extended, state)
+        )
+
+    def remove_node(self, name: str) -> list[Resident]:
+        """Tombstone the node's row; returns the residents it held (they lost their node)."""
+        row = self.row_of.pop(name)
+        lost = list(self.residents[row].values())
+        for r in lost:
+            self.task_row.pop(r.task_id, None)
+        self.residents[row] = {}
+        self.nodes[row] = None
+        self.alive[row] = False
+        self.schedulable[row] = False
+        self.cpu_cap[row] = self.mem_cap[row] = 0
+        self.ext_cap[row, :] = 0
+        self.gpu_exists[row, :] = False
+        self.gpu_count[row] = 0
+        self._recompute_usage(row)
+        self.meta_generation += 1
+        self.mark_dirty(row)
+        return lost
+
+    def _recompute_usage(self, row: int) -> None:
+        cpu = mem = 0
+        ext = np.zeros(self.ext_used.shape[1], np.int64)
+        free = np.where(self.gpu_exists[row], GPU_MILLI, 0).astype(np.int32)
+        for r in self.residents[row].values():
+            cpu += r.cpu_milli
+            mem += r.memory
+            for name, amount in r.extended:
+                ext[self._ext_col(name)] += amount
+            for g, milli in r.gpus:
+                free[g] -= milli
+        self.cpu_used[row] = cpu
+        self.mem_used[row] = mem
+        self.ext_used[row, : ext.shape[0]] = ext
+        self.gpu_free[row] = free
+        self._refresh_gpu_summary(row)
+
+    def _refresh_gpu_summary(self, row: int) -> None:
+        if self.gpu_count[row] == 0:
+            self.free_whole[row] = 0
+            self.max_share[row] = 0
+            self.gpu_used_total[row] = 0
+            return
+        free = self.gpu_free[row]
+        exists = self.gpu_exists[row]
+        self.free_whole[row] = int(np.count_nonzero((free == GPU_MILLI) & exists))
+        self.max_share[row] = int(free[exists].max())
+        self.gpu_used_total[row] = int(self.gpu_count[row]) * GPU_MILLI - int(free[exists].sum())
+
+    # -- usage ----------------------------------------------------------------------------------
+    def mark_dirty(self, row: int) -> None:
+        self.dirty_log.append(row)
+
+    def dirty_since(self, position: int) -> tuple[list[int], int]:
+        """Rows changed since absolute log `position`, and the new position. Empty+(-1): too old."""
+        if position < self.dirty_base:
+            return [], -1
+        return self.dirty_log[position - self.dirty_base :], self.dirty_base + len(self.dirty_log)
+
+    @property
+    def dirty_position(self) -> int:
+        return self.dirty_base + len(self.dirty_log)
+
+    def compact_dirty_log(self, keep_from: int) -> None:
+        """Drop log entries before absolute position `keep_from` (no reader needs them)."""
+        cut = keep_from - self.dirty_base
+        if cut > 0:
+            del self.dirty_log[:cut]
+            self.dirty_base = keep_from
+
+    def place(self, row: int, r: Resident) -> None:
+        """Add a resident's usage to a row (no checks: callers check fit first)."""
+        self.cpu_used[row] += r.cpu_milli
+        self.mem_used[row] += r.memory
+        for name, amount in r.extended:
+            self.ext_used[row, self._ext_col(name)] += amount
+        if r.gpus:
+            for g, milli in r.gpus:
+                self.gpu_free[row, g] -= milli
+            self._refresh_gpu_summary(row)
+        self.residents[row][r.task_id] = r
+        self.task_row[r.task_id] = row
+        self.dirty_log.append(row)
+
+    def release(self, task_id: str) -> tuple[int, Resident] | None:
+        """Remove a resident's usage; returns (row, resident), None if it holds nothing here."""
+        row = self.task_row.pop(task_id, None)
+        if row is None:
+            return None
+        r = self.residents[row].pop(task_id)
+        self.cpu_used[row] -= r.cpu_milli
+        self.mem_used[row] -= r.memory
+        for name, amount in r.extended:
+            self.ext_used[row, self._ext_col(name)] -= amount
+        if r.gpus:
+            for g, milli in r.gpus:
+                self.gpu_free[row, g] += milli
+            self._refresh_gpu_summary(row)
+        self.dirty_log.append(row)
+        return row, r
+
+    def fits(self, row: int, r: Resident) -> str | None:
+        """None if `r` fits on `row` exactly as given (its GPUs included); else the reason."""
+        if not self.alive[row]:
+            return "node is gone"
+        if self.cpu_used[row] + r.cpu_milli > self.cpu_cap[row]:
+            return "insufficient cpu"
+        if self.mem_used[row] + r.memory > self.mem_cap[row]:
+            return "insufficient memory"
+        for name, amount in r.extended:
+            col = self.ext_col(name)
+            if col is None or self.ext_used[row, col] + amount > self.ext_cap[row, col]:
+                return f"insufficient {name}"
+        for g, milli in r.gpus:
+            if g >= MAX_GPUS or not self.gpu_exists[row, g]:
+                return f"no GPU {g}"
+            if self.gpu_free[row, g] < milli:
+                return f"GPU {g} is not free"
+        if r.gpus and len({g for g, _ in r.gpus}) != len(r.gpus):
+            return "a GPU is assigned twice"
+        return None
+
+    # -- labels and taints (static, cached per meta_generation) -------------------------------
+    def label_values(self, key: str) -> list[str | None]:
+        """Each row's value for label `key` (None: absent or tombstone)."""
+        out: list[str | None] = []
+        for node in self.nodes:
+            out.append(None if node is None else node.label_dict().get(key))
+        return out
+
+    def node_taints(self, row: int) -> tuple[Taint, ...]:
+        node = self.nodes[row]
+        return () if node is None else node.taints
+
+    def totals(self) -> dict[str, int]:
+        """Cluster capacity over schedulable-or-not live nodes: cpu, memory, gpu (milli)."""
+        alive = self.alive[: self.n]
+        return {
+            "cpu": int(self.cpu_cap[: self.n][alive].sum()),
+            "memory": int(self.mem_cap[: self.n][alive].sum()),
+            "gpu": int(self.gpu_count[: self.n][alive].sum()) * GPU_MILLI,
+        }
+
+    def live_rows(self) -> list[int]:
+        return [row for row in range(self.n) if self.alive[row]]
+
+
+_ARRAYS = (
+    "cpu_cap",
+    "cpu_used",
+    "mem_cap",
+    "mem_used",
+    "ext_cap",
+    "ext_used",
+    "gpu_exists",
+    "gpu_free",
+    "gpu_mem",
+    "gpu_numa",
+    "gpu_nvlink",
+    "gpu_model",
+    "gpu_count",
+    "free_whole",
+    "max_share",
+    "gpu_used_total",
+    "schedulable",
+    "alive",
+)

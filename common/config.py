@@ -1,0 +1,175 @@
+"""GoSched configuration: one YAML file, then environment variables (GOSCHED_*), then flags.
+
+Validated at load with errors that name the field. Every component reads its part of it.
+"""
+
+import enum
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class QueuePolicy(enum.StrEnum):
+    FIFO = "fifo"
+    PRIORITY = "priority"  # priority with aging
+    DRF = "drf"  # dominant resource fairness across tenants
+    FAIR = "fair"  # weighted fair share across tenants
+    DEADLINE = "deadline"  # earliest deadline first
+
+
+class QueueConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    policy: QueuePolicy = QueuePolicy.FIFO
+    # Capacity: share of the cluster (dominant resource) guaranteed to the queue, and its cap.
+    guarantee: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_share: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Effective priority rises by this much per second of waiting (priority policy).
+    aging_per_s: float = Field(default=1.0, ge=0.0)
+    # Tenant weights for drf / fair; tenants not listed weigh 1.
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _guarantee_below_max(self) -> "QueueConfig":
+        if self.guarantee > self.max_share:
+            raise ValueError(f"queue {self.name}: guarantee {self.guarantee} exceeds max_share {self.max_share}")
+        return self
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _positive_weights(cls, v: dict[str, float]) -> dict[str, float]:
+        for tenant, w in v.items():
+            if w <= 0:
+                raise ValueError(f"weight of tenant {tenant!r} must be > 0")
+        return v
+
+
+class AdmissionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_pending_jobs: int = Field(default=1_000_000, ge=1)
+    tenant_rate_per_s: float = Field(default=100_000.0, gt=0)  # token bucket refill
+    tenant_burst: int = Field(default=1_000_000, ge=1)
+
+
+class PluginWeight(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    weight: float = Field(default=1.0, ge=0.0)
+
+
+DEFAULT_FILTERS = [
+    "node_ready",
+    "resources_fit",
+    "gpu_model",
+    "gpu_memory",
+    "node_selector",
+    "node_affinity",
+    "taint_toleration",
+    "anti_affinity",
+]
+DEFAULT_SCORES = [
+    PluginWeight(name="most_allocated", weight=1.0),
+    PluginWeight(name="balanced_allocation", weight=1.0),
+    PluginWeight(name="gpu_topology", weight=2.0),
+    PluginWeight(name="gpu_fragmentation", weight=2.0),
+    PluginWeight(name="preferred_affinity", weight=1.0),
+    PluginWeight(name="taint_prefer_no_schedule", weight=1.0),
+]
+
+
+class ProfileConfig(BaseModel):
+    """A shard profile: plugins as plain lists of names (and weights for scores)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "default"
+    locating: list[str] = Field(default_factory=lambda: ["partition_first"])
+    grouping: list[str] = Field(default_factory=lambda: ["topology_domain"])
+    filters: list[str] = Field(default_factory=lambda: list(DEFAULT_FILTERS))
+    scores: list[PluginWeight] = Field(default_factory=lambda: list(DEFAULT_SCORES))
+    victim_searching: list[str] = Field(default_factory=lambda: ["priority_victims", "capacity_reclaim"])
+    candidate_sorting: list[str] = Field(default_factory=lambda: ["lexicographic"])
+    preemption: bool = True
+
+
+MINIMAL_PROFILE = ProfileConfig(
+    name="minimal",
+    locating=["partition_first"],
+    grouping=[],
+    filters=["node_ready", "resources_fit"],
+    scores=[],
+    victim_searching=[],
+    candidate_sorting=[],
+    preemption=False,
+)
+
+
+class Settings(BaseSettings):
+    """Everything configurable. Sources, lowest first: defaults, YAML file, env (GOSCHED_*), flags."""
+
+    model_config = SettingsConfigDict(env_prefix="GOSCHED_", env_nested_delimiter="__", extra="forbid")
+
+    store_path: str = "gosched.db"
+    shards: int = Field(default=2, ge=1, le=256)
+    batch_size: int = Field(default=512, ge=1, le=100_000)
+    queues: list[QueueConfig] = Field(default_factory=lambda: [QueueConfig(name="default")])
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    # Seconds an unschedulable unit waits before it is tried again (doubles per attempt, capped).
+    retry_backoff_s: float = Field(default=0.05, ge=0.0)
+    retry_backoff_max_s: float = Field(default=5.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _unique_queues(self) -> "Settings":
+        names = [q.name for q in self.queues]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"queues: duplicate queue name(s) {', '.join(dupes)}")
+        total = sum(q.guarantee for q in self.queues)
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"queues: guarantees add up to {total:.2f}, more than the whole cluster (1.0)")
+        return self
+
+    def queue(self, name: str) -> QueueConfig:
+        for q in self.queues:
+            if q.name == name:
+                return q
+        raise KeyError(name)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags (init) win over env, env over the YAML file (read in load_settings).
+        return (init_settings, env_settings)
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load settings from an optional YAML file (or $GOSCHED_CONFIG), env vars, and flag overrides."""
+    file_values: dict[str, Any] = {}
+    source = path or os.environ.get("GOSCHED_CONFIG")
+    if source:
+        text = Path(source).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{source}: the config file must hold a mapping at the top level")
+        file_values = loaded
+    env_values = Settings().model_dump(exclude_unset=True) if _env_has_settings() else {}
+    merged = {**file_values, **env_values, **{k: v for k, v in overrides.items() if v is not None}}
+    return Settings(**merged)
+
+
+def _env_has_settings() -> bool:
+    return any(k.startswith("GOSCHED_") and k != "GOSCHED_CONFIG" for k in os.environ)

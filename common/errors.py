@@ -1,0 +1,27 @@
+"""Error types shared by components."""
+
+
+class SpecError(ValueError):
+    """A job or node spec from outside is invalid; `field` names the offending field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class QuantityError(ValueError):
+    """A resource quantity string could not be parsed."""
+
+
+class IllegalTransition(RuntimeError):
+    """A task was asked to move between two states that have no legal edge."""
+
+
+class AdmissionRejected(RuntimeError):
+    """Admission control refused a submission; the job was not stored."""
+
+    def __init__(self, reason: str, retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s

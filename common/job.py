@@ -1,0 +1,159 @@
+"""The job (the scheduling unit, a gang) and its task groups, as the components exchange them."""
+
+import enum
+from dataclasses import dataclass, field
+
+from gosched.common.node import TaintEffect
+from gosched.common.resources import ResourceRequest
+
+
+class SelectorOp(enum.StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+    GT = "Gt"
+    LT = "Lt"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One node-label requirement, as in Kubernetes' NodeSelectorRequirement."""
+
+    key: str
+    op: SelectorOp
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """All requirements must hold (AND). Required affinity is an OR over terms."""
+
+    requirements: tuple[Requirement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredTerm:
+    weight: int  # 1..100
+    term: NodeSelectorTerm
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """Tolerates taints with `key` (empty key + Exists: every taint) and, if set, `effect`."""
+
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: TaintEffect | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AntiAffinity:
+    """Keep tasks apart: no two matching tasks in the same topology domain.
+
+    `topology_key` is a node label ("kubernetes.io/hostname"-like "node" means the node itself).
+    With `match_labels` empty, it applies among the job's own tasks of this group; otherwise it
+    repels every task (of any job) whose job labels include all of `match_labels`.
+    """
+
+    topology_key: str = "node"
+    match_labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskGroup:
+    role: str
+    replicas: int
+    resources: ResourceRequest
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    gpu_models: tuple[str, ...] = ()  # acceptable GPU models; empty: any
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required_affinity: tuple[NodeSelectorTerm, ...] = ()  # OR of terms; empty: no constraint
+    preferred_affinity: tuple[PreferredTerm, ...] = ()
+    anti_affinity: tuple[AntiAffinity, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+    def constraint_key(self) -> tuple[object, ...]:
+        """What decides where a task of this group may go and how nodes score; equal keys share work."""
+        return (
+            self.resources,
+            self.gpu_models,
+            self.node_selector,
+            self.required_affinity,
+            self.preferred_affinity,
+            self.tolerations,
+        )
+
+
+class JobKind(enum.StrEnum):
+    BATCH = "batch"
+    SERVICE = "service"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A scheduling unit: its tasks are placed all-or-nothing up to `min_member`."""
+
+    id: str
+    groups: tuple[TaskGroup, ...]
+    tenant: str = "default"
+    queue: str = "default"
+    priority: int = 0
+    min_member: int = 1
+    preemptible: bool = True
+    deadline: float | None = None  # unix seconds
+    kind: JobKind = JobKind.BATCH
+    labels: tuple[tuple[str, str], ...] = ()
+    # Most of this job's tasks that one preemption may evict; None: no limit.
+    disruption_budget: int | None = None
+    submit_time: float = 0.0
+    submission_id: str = ""
+
+    @property
+    def total_replicas(self) -> int:
+        return sum(g.replicas for g in self.groups)
+
+    def task_ids(self) -> list[str]:
+        return [task_id(self.id, i) for i in range(self.total_replicas)]
+
+    def group_of(self, index: int) -> TaskGroup:
+        """The group holding the job's `index`-th task (tasks are numbered across groups in order)."""
+        for group in self.groups:
+            if index < group.replicas:
+                return group
+            index -= group.replicas
+        raise IndexError(f"job {self.id} has no task {index}")
+
+    def group_index_of(self, index: int) -> int:
+        for gi, group in enumerate(self.groups):
+            if index < group.replicas:
+                return gi
+            index -= group.replicas
+        raise IndexError(f"job {self.id} has no task {index}")
+
+    def total_request(self) -> ResourceRequest:
+        cpu = mem = gpu_milli = 0
+        for g in self.groups:
+            cpu += g.resources.cpu_milli * g.replicas
+            mem += g.resources.memory * g.replicas
+            gpu_milli += g.resources.gpu_total_milli * g.replicas
+        return ResourceRequest(cpu_milli=cpu, memory=mem, gpu_milli=gpu_milli)
+
+
+def task_id(job_id: str, index: int) -> str:
+    return f"{job_id}/{index}"
+
+
+def split_task_id(tid: str) -> tuple[str, int]:
+    job_id, _, index = tid.rpartition("/")
+    return job_id, int(index)
+
+
+@dataclass(slots=True)
+class TaskPlacement:
+    """Where a task runs: node name and the (GPU index, milli) pairs it holds there."""
+
+    node: str
+    gpus: tuple[tuple[int, int], ...] = field(default=())

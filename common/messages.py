@@ -1,0 +1,142 @@
+"""Message types between the dispatcher, the shards and the binder.
+
+They are plain dataclasses so that the same objects travel in one process (the pipeline) and,
+serialised, between Ray actors. All traffic is batched: one message carries many units.
+"""
+
+from dataclasses import dataclass, field
+
+from gosched.common.cluster_state import Resident
+from gosched.common.job import Job
+from gosched.common.node import Node
+
+
+# -- dispatcher -> shard -----------------------------------------------------------------------
+@dataclass(slots=True)
+class Unit:
+    """One scheduling attempt of a job: place `task_indexes`, at least `min_needed` of them."""
+
+    job: Job
+    task_indexes: tuple[int, ...]
+    min_needed: int
+    attempt: int = 0
+    # Queues over their guarantee whose preemptible tasks this unit may evict (capacity reclaim).
+    reclaim_from: frozenset[str] = frozenset()
+    dispatch_time: float = 0.0
+
+
+@dataclass(slots=True)
+class UnitBatch:
+    shard_id: int
+    units: list[Unit]
+
+
+# -- shard -> binder ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class Placement:
+    task_index: int
+    node: str
+    gpus: tuple[tuple[int, int], ...] = ()  # (GPU index, milli) pairs
+    victims: tuple[str, ...] = ()  # task ids to evict first (preemption)
+
+
+@dataclass(slots=True)
+class Proposal:
+    job: Job
+    placements: list[Placement]
+    min_needed: int
+    attempt: int = 0
+    dispatch_time: float = 0.0
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """Why a task fits nowhere: for each filter, how many nodes it was the first to rule out."""
+
+    total_nodes: int
+    ruled_out: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+
+    def message(self) -> str:
+        parts = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.ruled_out.items(), key=lambda kv: -kv[1]))
+        text = f"0/{self.total_nodes:,} nodes fit"
+        if parts:
+            text += f": {parts}"
+        if self.note:
+            text += f" ({self.note})"
+        return text
+
+
+@dataclass(slots=True)
+class Unschedulable:
+    job_id: str
+    task_indexes: tuple[int, ...]
+    diagnosis: Diagnosis
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class ProposalBatch:
+    shard_id: int
+    seen_version: int
+    proposals: list[Proposal]
+    unschedulable: list[Unschedulable] = field(default_factory=list)
+
+
+# -- binder -> shards and dispatcher --------------------------------------------------------------
+@dataclass(slots=True)
+class NodeUpserted:
+    node: Node
+
+
+@dataclass(slots=True)
+class NodeRemoved:
+    name: str
+
+
+@dataclass(slots=True)
+class TaskBound:
+    node: str
+    resident: Resident
+
+
+@dataclass(slots=True)
+class TaskReleased:
+    task_id: str
+    reason: str  # preempted | succeeded | failed | cancelled | lost
+
+
+Change = NodeUpserted | NodeRemoved | TaskBound | TaskReleased
+
+
+@dataclass(slots=True)
+class AcceptedUnit:
+    job_id: str
+    placements: list[Placement]
+    bind_time: float
+
+
+@dataclass(slots=True)
+class RejectedUnit:
+    job_id: str
+    task_indexes: tuple[int, ...]
+    reason: str
+    stage: str  # the binder check stage that refused it
+
+
+@dataclass(slots=True)
+class Eviction:
+    task_id: str
+    job_id: str
+    task_index: int
+    preemptor: str  # job id of the unit that evicted it ("" for a gang break)
+
+
+@dataclass(slots=True)
+class BindReply:
+    accepted: list[AcceptedUnit]
+    rejected: list[RejectedUnit]
+    evicted: list[Eviction]
+    changes: list[Change]
+    version: int
+    resync: bool = False  # changes is a full snapshot: drop the cached view first

@@ -1,0 +1,104 @@
+"""Node model: machines, their GPUs, labels, taints and readiness."""
+
+import enum
+from dataclasses import dataclass, field
+
+
+class TaintEffect(enum.StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class NodeState(enum.StrEnum):
+    READY = "ready"
+    NOT_READY = "not_ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU. `nvlink_peers` holds indexes of GPUs on the same node linked by NVLink."""
+
+    index: int
+    uuid: str = ""
+    model: str = ""
+    memory_mib: int = 0
+    numa_node: int = -1  # -1: unknown
+    nvlink_peers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    cpu_milli: int
+    memory: int
+    gpus: tuple[Gpu, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    extended: tuple[tuple[str, int], ...] = ()
+    state: NodeState = NodeState.READY
+
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == NodeState.READY
+
+
+def make_node(
+    name: str,
+    cpu_milli: int,
+    memory: int,
+    *,
+    gpus: int = 0,
+    gpu_model: str = "",
+    gpu_memory_mib: int = 0,
+    labels: dict[str, str] | None = None,
+    taints: tuple[Taint, ...] = (),
+    extended: dict[str, int] | None = None,
+    state: NodeState = NodeState.READY,
+    numa_nodes: int = 1,
+    nvlink_pairs: bool = False,
+) -> Node:
+    """A node with `gpus` identical GPUs spread evenly over `numa_nodes`; optional NVLink pairs (0-1, 2-3, ...)."""
+    per_numa = max(1, -(-gpus // max(1, numa_nodes)))
+    gpu_list = tuple(
+        Gpu(
+            index=i,
+            uuid=f"GPU-{name}-{i}",
+            model=gpu_model,
+            memory_mib=gpu_memory_mib,
+            numa_node=i // per_numa,
+            nvlink_peers=((i ^ 1,) if nvlink_pairs and (i ^ 1) < gpus else ()),
+        )
+        for i in range(gpus)
+    )
+    return Node(
+        name=name,
+        cpu_milli=cpu_milli,
+        memory=memory,
+        gpus=gpu_list,
+        labels=tuple(sorted((labels or {}).items())),
+        taints=taints,
+        extended=tuple(sorted((extended or {}).items())),
+        state=state,
+    )
+
+
+@dataclass(slots=True)
+class NodeUsage:
+    """Per-node allocation figures for display (from the binder's authoritative arrays)."""
+
+    cpu_used: int = 0
+    memory_used: int = 0
+    gpu_used_milli: list[int] = field(default_factory=list)
