@@ -7,7 +7,7 @@ plain and editable installs; sub-packages are discovered, so a new one needs no 
 from setuptools import find_packages, setup
 
 # Top-level folders that are parts of the `gosched` package (tests/, deploy/, docs/ are not).
-COMPONENTS = ("common", "dispatcher", "scheduler_shard", "binder", "proto", "cli")
+COMPONENTS = ("common", "dispatcher", "scheduler_shard", "binder", "proto", "runtime", "bench", "cli")
 
 package_dir = {"gosched": "gosched"}
 packages = ["gosched"]
@@ -16,4 +16,5 @@ for component in COMPONENTS:
     packages.append(f"gosched.{component}")
     packages.extend(f"gosched.{component}.{sub}" for sub in find_packages(component))
 
-setup(package_dir=package_dir, packages=packages, package_data={"gosched.proto": ["*.proto", "**/*.proto"]})
+if __name__ == "__main__":
+    setup(package_dir=package_dir, packages=packages, package_data={"gosched.proto": ["*.proto", "**/*.proto"]})

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gosched.common.job import Job, task_id
 from gosched.common.node import Node, NodeState, Taint
 from gosched.common.resources import GPU_MILLI
 
@@ -37,9 +38,33 @@ class Resident:
     job_labels: tuple[tuple[str, str], ...] = ()
     role: str = ""
     min_member: int = 1
+    disruption_budget: int | None = None
+
+    @classmethod
+    def for_task(cls, job: Job, index: int, gpus: tuple[tuple[int, int], ...], start_time: float) -> "Resident":
+        """The resident record of task `index` of `job` holding `gpus`."""
+        group = job.group_of(index)
+        req = group.resources
+        return cls(
+            task_id=task_id(job.id, index),
+            job_id=job.id,
+            cpu_milli=req.cpu_milli,
+            memory=req.memory,
+            gpus=gpus,
+            extended=req.extended,
+            priority=job.priority,
+            preemptible=job.preemptible,
+            queue=job.queue,
+            tenant=job.tenant,
+            start_time=start_time,
+            job_labels=job.labels,
+            role=group.role,
+            min_member=job.min_member,
+            disruption_budget=job.disruption_budget,
+        )
 
 
-@dataclass(slots=True)
+@dataclass
 class ClusterArrays:
     capacity: int = 64
     n: int = 0  # rows in use (tombstones included)

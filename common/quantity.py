@@ -1,28 +1,49 @@
-"""Parsing of human resource quantities: "2", "500m", "1.5", "16Gi", "512M"."""
+"""Parsing of human resource quantities: "2", "500m", "1.5", "16Gi", "512M".
 
+Arithmetic is exact (Decimal), so large byte counts keep every byte; results round half up.
+"""
+
+import math
 import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from gosched.common.errors import QuantityError
 
-_NUMBER = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+_NUMBER = re.compile(r"^\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)([A-Za-z]*)\s*$")
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 _DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_LIMIT = Decimal(2**63 - 1)  # what the node arrays (int64) can hold
 
 
-def _split(text: str | int | float, what: str) -> tuple[float, str]:
+def _split(text: str | int | float, what: str) -> tuple[Decimal, str]:
     if isinstance(text, bool):
         raise QuantityError(f"{what} must be a number or a quantity string, not a boolean")
-    if isinstance(text, int | float):
-        return float(text), ""
+    if isinstance(text, int):
+        return Decimal(text), ""
+    if isinstance(text, float):
+        if not math.isfinite(text):
+            raise QuantityError(f"{what} {text!r} is not a finite number")
+        return Decimal(repr(text)), ""
     if not isinstance(text, str):
         raise QuantityError(f"{what} must be a number or a quantity string, got {type(text).__name__}")
     match = _NUMBER.match(text)
     if match is None:
         raise QuantityError(f"{what} {text!r} is not a quantity (examples: 2, 500m, 16Gi)")
-    mantissa, exponent, suffix = match.groups()
-    value = float(mantissa) * (10 ** int(exponent) if exponent else 1)
+    number, suffix = match.groups()
+    try:
+        value = Decimal(number)
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid numbers
+        raise QuantityError(f"{what} {text!r} is not a quantity") from exc
     return value, suffix
+
+
+def _whole(value: Decimal, text: object, what: str) -> int:
+    if value < 0:
+        raise QuantityError(f"{what} {text!r} is negative")
+    if value > _LIMIT:
+        raise QuantityError(f"{what} {text!r} is too large")
+    return int(value.to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def parse_milli(text: str | int | float, what: str = "quantity") -> int:
@@ -34,9 +55,7 @@ def parse_milli(text: str | int | float, what: str = "quantity") -> int:
         milli = value * 1000
     else:
         raise QuantityError(f"{what} {text!r}: unit {suffix!r} is not allowed here (use a number or 'm')")
-    if milli < 0:
-        raise QuantityError(f"{what} {text!r} is negative")
-    return round(milli)
+    return _whole(milli, text, what)
 
 
 def parse_bytes(text: str | int | float, what: str = "memory") -> int:
@@ -49,10 +68,8 @@ def parse_bytes(text: str | int | float, what: str = "memory") -> int:
     elif suffix == "":
         scaled = value
     else:
-        raise QuantityError(f"{what} {text!r}: unknown unit {suffix!r} (use Ki, Mi, Gi, Ti, k, M, G, T)")
-    if scaled < 0:
-        raise QuantityError(f"{what} {text!r} is negative")
-    return round(scaled)
+        raise QuantityError(f"{what} {text!r}: unknown unit {suffix!r} (use Ki, Mi, Gi, Ti, Pi, k, M, G, T, P)")
+    return _whole(scaled, text, what)
 
 
 def parse_count(text: str | int | float, what: str = "count") -> int:
@@ -60,16 +77,16 @@ def parse_count(text: str | int | float, what: str = "count") -> int:
     value, suffix = _split(text, what)
     if suffix:
         raise QuantityError(f"{what} {text!r}: a count takes no unit")
-    if value < 0 or value != int(value):
+    if value < 0 or value != value.to_integral_value():
         raise QuantityError(f"{what} {text!r} must be a whole number >= 0")
-    return int(value)
+    return _whole(value, text, what)
 
 
 def format_bytes(n: int) -> str:
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
-        if n >= size and n % (size // 1024 if size > 1024 else 1) == 0:
-            value = n / size
-            return f"{value:g}{unit}"
+    """The largest binary unit that divides `n` exactly (so parse_bytes(format_bytes(n)) == n)."""
+    for unit, size in (("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
     return str(n)
 
 

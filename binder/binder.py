@@ -1,0 +1,424 @@
+"""The Binder: the single writer of the truth (a Nomad-style plan applier).
+
+Shards propose placements from cached views; the binder checks each proposal against the
+authoritative arrays with named stages, applies what passes (evict victims, then bind), persists the
+batch in one store transaction, and answers with the changes since the shard's last view.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
+from gosched.binder.fastpath import find_clean
+from gosched.binder.stages import DEFAULT_STAGES, BatchScope, Candidate, Stage, UnitCheck, candidates_of
+from gosched.binder.state import BinderState, make_resident, validate_node
+from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.job import split_task_id
+from gosched.common.messages import (
+    AcceptedUnit,
+    BindReply,
+    Change,
+    Eviction,
+    NodeRemoved,
+    NodeUpserted,
+    Proposal,
+    ProposalBatch,
+    RejectedUnit,
+    TaskBound,
+    TaskReleased,
+)
+from gosched.common.node import Node, NodeState
+from gosched.common.states import TaskState
+from gosched.common.store import Store
+
+log = logging.getLogger(__name__)
+
+Gpus = tuple[tuple[int, int], ...]
+
+# TaskReleased reason -> the state the task is stored in.
+RELEASE_STATES: dict[str, TaskState] = {
+    "succeeded": TaskState.SUCCEEDED,
+    "failed": TaskState.FAILED,
+    "cancelled": TaskState.CANCELLED,
+    "preempted": TaskState.PREEMPTED,
+    "lost": TaskState.PENDING,  # its node is gone: it goes back to the queue
+}
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What one proposal came to, before it is merged into the batch's reply."""
+
+    accepted: AcceptedUnit | None = None
+    rejected: list[RejectedUnit] = field(default_factory=list)
+    evicted: list[Eviction] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Writes:
+    """Task rows to persist, the latest write per task winning (order kept)."""
+
+    rows: dict[str, tuple[str, Gpus] | TaskState] = field(default_factory=dict)
+
+    def bind(self, tid: str, node: str, gpus: Gpus) -> None:
+        self.rows.pop(tid, None)
+        self.rows[tid] = (node, gpus)
+
+    def state(self, tid: str, state: TaskState) -> None:
+        self.rows.pop(tid, None)
+        self.rows[tid] = state
+
+    def split(self) -> tuple[list[tuple[str, str, Gpus]], list[tuple[str, TaskState]]]:
+        bound: list[tuple[str, str, Gpus]] = []
+        states: list[tuple[str, TaskState]] = []
+        for tid, w in self.rows.items():
+            if isinstance(w, TaskState):
+                states.append((tid, w))
+            else:
+                bound.append((tid, w[0], w[1]))
+        return bound, states
+
+
+class Binder:
+    """Applies shards' proposals to the authoritative cluster state; recovers it from `store`."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        stages: Sequence[Stage] = DEFAULT_STAGES,
+        vectorised: bool = True,
+        max_log_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.stages = tuple(stages)
+        self.vectorised = vectorised
+        self.truth = BinderState()
+        self._broken: BaseException | None = None
+        self._recover()
+        self.log = ChangeLog(base=self.store.load_version(), max_entries=max_log_entries)
+
+    # -- recovery -----------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        for node in self.store.load_nodes():
+            self.truth.upsert_node(node)
+        row_of = self.truth.arrays.row_of
+        for bt in self.store.load_bound():
+            row = row_of.get(bt.node)
+            if row is None:
+                log.warning(
+                    "task %s/%d is bound to unknown node %s: not recovered", bt.job.id, bt.idx, bt.node
+                )
+                continue
+            self.truth.place(row, make_resident(bt.job, bt.idx, bt.gpus, bt.bound_at))
+        self.truth.compact()
+
+    # -- reading ------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.log.version
+
+    @property
+    def state(self) -> ClusterArrays:
+        """The authoritative arrays: read them; change them only through the Binder."""
+        return self.truth.arrays
+
+    @property
+    def arrays(self) -> ClusterArrays:
+        return self.truth.arrays
+
+    def snapshot_nodes(self) -> list[Node]:
+        """Every live node, in row order."""
+        return [node for node in self.truth.arrays.nodes if node is not None]
+
+    def snapshot(self) -> list[Change]:
+        """The whole state as changes: NodeUpserted per live node, then TaskBound per resident."""
+        return self.truth.snapshot()
+
+    def changes_since(self, version: int) -> tuple[list[Change], int, bool]:
+        """(changes after `version`, current version, resync). resync=True: `version` is older than
+        the log keeps (or newer than it has reached) and the changes are a full snapshot."""
+        changes = self.log.since(version)
+        if changes is None:
+            return self.snapshot(), self.log.version, True
+        return changes, self.log.version, False
+
+    def view(self) -> dict[str, dict[str, object]]:
+        """Per node name: usage, GPU frees and residents (to compare two binders)."""
+        return self.truth.view()
+
+    def resident(self, tid: str) -> tuple[str, Resident] | None:
+        got = self.truth.resident(tid)
+        return None if got is None else (self.truth.node_name(got[0]), got[1])
+
+    # -- nodes --------------------------------------------------------------------------------------
+    def add_nodes(self, nodes: Sequence[Node]) -> int:
+        """Register or update nodes; returns the new version."""
+        self._usable()
+        for node in nodes:
+            validate_node(node)
+        if not nodes:
+            return self.version
+        changes: list[Change] = [NodeUpserted(n) for n in nodes]
+        self.store.upsert_nodes(nodes, version=self.version + len(changes))  # then the arrays
+        for node in nodes:
+            self.truth.upsert_node(node)
+        return self._publish(changes)
+
+    def set_node_state(self, name: str, state: NodeState) -> int:
+        """Mark a node ready / not ready / cordoned / draining (residents stay); returns the version."""
+        self._usable()
+        row = self.truth.arrays.row_of.get(name)
+        if row is None:
+            raise KeyError(f"unknown node {name}")
+        old = self.truth.arrays.nodes[row]
+        assert old is not None
+        node = Node(
+            old.name, old.cpu_milli, old.memory, old.gpus, old.labels, old.taints, old.extended, state
+        )
+        self.store.upsert_nodes([node], version=self.version + 1)  # then the arrays
+        self.truth.upsert_node(node)
+        return self._publish([NodeUpserted(node)])
+
+    def remove_node(self, name: str) -> list[str]:
+        """Remove a node. Its residents are released as "lost" (stored as pending) and, where that
+        leaves a gang below its min_member, the gang's other residents are evicted ("preempted",
+        preemptor ""). Returns every task id released this way, for the caller to requeue."""
+        self._usable()
+        if name not in self.truth.arrays.row_of:
+            raise KeyError(f"unknown node {name}")
+        lost = self.truth.remove_node(name)
+        lost.sort(key=lambda r: split_task_id(r.task_id))
+        changes: list[Change] = [TaskReleased(r.task_id, "lost") for r in lost]
+        changes.append(NodeRemoved(name))
+        writes = _Writes()
+        for r in lost:
+            writes.state(r.task_id, TaskState.PENDING)
+        broken = self._gang_break({r.job_id: r.min_member for r in lost}, "", changes, writes, BatchScope())
+        _, states = writes.split()
+        self._guarded(
+            lambda: self.store.remove_node(name, version=self.version + len(changes), state_changes=states)
+        )
+        self._publish(changes)
+        return [r.task_id for r in lost] + [e.task_id for e in broken]
+
+    # -- releases -----------------------------------------------------------------------------------
+    def release(self, task_ids: Iterable[str], reason: str) -> list[str]:
+        """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...).
+
+        Tasks not bound here are skipped. Returns the task ids released."""
+        self._usable()
+        state = RELEASE_STATES.get(reason)
+        if state is None:
+            raise ValueError(f"unknown release reason {reason!r} (one of {', '.join(RELEASE_STATES)})")
+        released: list[str] = []
+        for tid in dict.fromkeys(task_ids):
+            if self.truth.release(tid) is not None:
+                released.append(tid)
+        if not released:
+            return []
+        changes: list[Change] = [TaskReleased(tid, reason) for tid in released]
+        now = self.clock()
+        self._guarded(
+            lambda: self.store.commit(
+                self.version + len(changes), [], [(t, state) for t in released], now=now
+            )
+        )
+        self._publish(changes)
+        return released
+
+    # -- the plan applier -----------------------------------------------------------------------------
+    def commit(self, batch: ProposalBatch) -> BindReply:
+        """Check, apply and persist a batch of proposals; reply with the outcome and the changes
+        since `batch.seen_version`."""
+        self._usable()
+        now = self.clock()
+        proposals = batch.proposals
+        outcomes: list[_Outcome | None] = [None] * len(proposals)
+        writes = _Writes()
+        if self.vectorised and proposals:
+            self._commit_clean(proposals, outcomes, writes, now)
+        scope = BatchScope()
+        for i, proposal in enumerate(proposals):
+            if outcomes[i] is None:
+                outcomes[i] = self._commit_unit(proposal, scope, writes, now)
+
+        reply = BindReply([], [], [], [], self.version)
+        changes: list[Change] = []
+        for out in outcomes:
+            assert out is not None
+            if out.accepted is not None:
+                reply.accepted.append(out.accepted)
+            reply.rejected.extend(out.rejected)
+            reply.evicted.extend(out.evicted)
+            changes.extend(out.changes)
+        if changes:
+            bound, states = writes.split()
+            jobs = {p.job.id: p.job for p in proposals}
+            version = self.version + len(changes)
+            self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
+            self._publish(changes)
+        reply.changes, reply.version, reply.resync = self.changes_since(batch.seen_version)
+        return reply
+
+    def _commit_clean(
+        self, proposals: Sequence[Proposal], outcomes: list[_Outcome | None], writes: _Writes, now: float
+    ) -> None:
+        """Bind the batch's clean proposals at once (see fastpath.py)."""
+        clean = find_clean(self.truth, proposals)
+        if not clean:
+            return
+        all_rows: list[int] = []
+        residents: list[Resident] = []
+        nodes = self.truth.arrays.nodes
+        for unit in clean:
+            p = proposals[unit.index]
+            job = p.job
+            changes: list[Change] = []
+            for pl, row in zip(p.placements, unit.rows, strict=True):
+                r = make_resident(job, pl.task_index, pl.gpus, now)
+                residents.append(r)
+                all_rows.append(row)
+                changes.append(TaskBound(pl.node, r))
+                writes.bind(r.task_id, pl.node, pl.gpus)
+            assert all(nodes[row] is not None for row in unit.rows)
+            outcomes[unit.index] = _Outcome(
+                accepted=AcceptedUnit(job.id, list(p.placements), now), changes=changes
+            )
+        self.truth.place_many(all_rows, residents)
+
+    def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
+        """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""
+        job = proposal.job
+        all_indexes = tuple(p.task_index for p in proposal.placements)
+        if not proposal.placements:
+            return _Outcome(
+                rejected=[RejectedUnit(job.id, (), "the proposal has no placements", self.stages[0].name)]
+            )
+        need = max(1, proposal.min_needed)
+        unit = UnitCheck(proposal, self.truth, scope)
+        alive: list[Candidate] = candidates_of(proposal)
+        dropped: list[RejectedUnit] = []
+        for stage in self.stages:
+            verdicts = stage(unit, alive)
+            failed = [(c, why) for c, why in zip(alive, verdicts, strict=True) if why is not None]
+            if not failed:
+                if len(alive) < need:
+                    why = f"{len(alive)} placement(s) proposed, {need} needed"
+                    return _Outcome(rejected=[RejectedUnit(job.id, all_indexes, why, stage.name)])
+                continue
+            alive = [c for c, why in zip(alive, verdicts, strict=True) if why is None]
+            reasons = _summarise(why for _, why in failed if why is not None)
+            if len(alive) < need:
+                why = f"{reasons} ({len(alive)} of {len(all_indexes)} placements left, {need} needed)"
+                return _Outcome(rejected=[RejectedUnit(job.id, all_indexes, why, stage.name)])
+            dropped.append(
+                RejectedUnit(job.id, tuple(c.placement.task_index for c, _ in failed), reasons, stage.name)
+            )
+
+        out = _Outcome(rejected=dropped)
+        # Phase 1: evict the victims on the nodes the unit still binds to (every victim whose credit
+        # a surviving placement may have counted on).
+        rows = {c.row for c in alive}
+        victims = [v for v, row in unit.victims.items() if row in rows]
+        scope.claimed_victims.update(victims)
+        out.evicted = self._evict(victims, job.id, out.changes, writes, scope)
+        # Phase 2: wait until they are gone. Evictions are simulated (immediate) until node agents
+        # exist; this is where the binder will wait for their termination.
+        self._confirm_released(victims)
+        # Phase 3: bind.
+        for c in alive:
+            pl = c.placement
+            r = make_resident(job, pl.task_index, pl.gpus, now)
+            self.truth.place(c.row, r)
+            scope.placed.add(r.task_id)
+            out.changes.append(TaskBound(pl.node, r))
+            writes.bind(r.task_id, pl.node, pl.gpus)
+        out.accepted = AcceptedUnit(job.id, [c.placement for c in alive], now)
+        return out
+
+    def _evict(
+        self,
+        victims: Sequence[str],
+        preemptor: str,
+        changes: list[Change],
+        writes: _Writes,
+        scope: BatchScope,
+    ) -> list[Eviction]:
+        """Evict `victims` (state preempted), then break the gangs they leave below min_member."""
+        evicted: list[Eviction] = []
+        affected: dict[str, int] = {}
+        for tid in victims:
+            got = self.truth.release(tid)
+            if got is None:
+                continue
+            r = got[1]
+            evicted.append(Eviction(tid, r.job_id, split_task_id(tid)[1], preemptor))
+            changes.append(TaskReleased(tid, "preempted"))
+            writes.state(tid, TaskState.PREEMPTED)
+            scope.evicted.add(tid)
+            affected.setdefault(r.job_id, r.min_member)
+        evicted.extend(self._gang_break(affected, "", changes, writes, scope))
+        return evicted
+
+    def _gang_break(
+        self,
+        affected: dict[str, int],
+        preemptor: str,
+        changes: list[Change],
+        writes: _Writes,
+        scope: BatchScope,
+    ) -> list[Eviction]:
+        """Evict the remaining residents of each job in `affected` (job id -> min_member) that has
+        fewer residents left than its min_member: no gang stays partly bound."""
+        out: list[Eviction] = []
+        for job_id, min_member in affected.items():
+            rest = self.truth.job_tasks.get(job_id)
+            if not rest or len(rest) >= min_member:
+                continue
+            for tid in sorted(rest, key=split_task_id):
+                self.truth.release(tid)
+                out.append(Eviction(tid, job_id, split_task_id(tid)[1], preemptor))
+                changes.append(TaskReleased(tid, "preempted"))
+                writes.state(tid, TaskState.PREEMPTED)
+                scope.evicted.add(tid)
+        return out
+
+    def _confirm_released(self, task_ids: Sequence[str]) -> None:
+        """Phase 2 of preemption. Simulated: eviction is immediate, so they must already be gone."""
+        task_row = self.truth.arrays.task_row
+        still = [t for t in task_ids if t in task_row]
+        if still:
+            raise RuntimeError(f"victims still bound after eviction: {still}")
+
+    # -- plumbing -----------------------------------------------------------------------------------
+    def _publish(self, changes: list[Change]) -> int:
+        self.truth.compact()
+        return self.log.extend(changes)
+
+    def _guarded(self, write: Callable[[], None]) -> None:
+        """Persist; if the store fails after the arrays changed, this binder is no longer the truth."""
+        try:
+            write()
+        except BaseException as exc:
+            self._broken = exc
+            raise
+
+    def _usable(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError(
+                "the binder failed to persist a change; build a new Binder from the store"
+            ) from (self._broken)
+
+
+def _summarise(reasons: Iterable[str], limit: int = 3) -> str:
+    distinct = list(dict.fromkeys(reasons))
+    text = "; ".join(distinct[:limit])
+    if len(distinct) > limit:
+        text += f"; and {len(distinct) - limit} more"
+    return text

@@ -1,0 +1,325 @@
+"""The binder's check stages, run in order over one proposal's placements.
+
+Each stage has a `name` and, called with the unit under check and its placements still passing,
+returns one verdict per placement: None (passes) or the reason it fails. The runner (binder.py)
+applies the gang check between stages. Stages see the authoritative arrays as they are after the
+earlier proposals of the batch were applied, and `BatchScope` for what those proposals claimed.
+
+Static checks shared with the vectorised fast path live here too (`request_error`, `gpu_shape_error`)
+so that both paths judge a placement the same way.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gosched.binder.state import BinderState
+from gosched.common.cluster_state import MAX_GPUS
+from gosched.common.job import Job, task_id
+from gosched.common.messages import Placement, Proposal
+from gosched.common.resources import GPU_MILLI, ResourceRequest
+
+
+# -- static checks (also used by the fast path) -----------------------------------------------------
+def request_error(req: ResourceRequest) -> str | None:
+    """A request the binder cannot account for (negative amounts, both GPU forms)."""
+    if req.cpu_milli < 0 or req.memory < 0 or req.gpus < 0 or req.gpu_milli < 0:
+        return "request has a negative amount"
+    if any(amount < 0 for _, amount in req.extended):
+        return "request has a negative extended amount"
+    if req.gpus and req.gpu_milli:
+        return "request asks for whole GPUs and a GPU share at once"
+    return None
+
+
+def gpu_shape_error(req: ResourceRequest, gpus: tuple[tuple[int, int], ...]) -> str | None:
+    """The proposed (GPU index, milli) pairs do not match the request's GPU demand."""
+    if req.gpus:
+        if len(gpus) != req.gpus or any(m != GPU_MILLI for _, m in gpus):
+            return f"GPU assignment {list(gpus)} does not give {req.gpus} whole GPU(s)"
+    elif req.gpu_milli:
+        if len(gpus) != 1 or gpus[0][1] != req.gpu_milli:
+            return f"GPU assignment {list(gpus)} does not give a {req.gpu_milli}m share of one GPU"
+    elif gpus:
+        return f"GPU assignment {list(gpus)} for a task that asks for no GPU"
+    seen: set[int] = set()
+    for g, _ in gpus:
+        if not 0 <= g < MAX_GPUS:
+            return f"no GPU {g}"
+        if g in seen:
+            return "a GPU is assigned twice"
+        seen.add(g)
+    return None
+
+
+# -- per-unit scratch --------------------------------------------------------------------------------
+@dataclass(slots=True)
+class BatchScope:
+    """What the earlier proposals of the batch did (the arrays already show it)."""
+
+    claimed_victims: set[str] = field(default_factory=set)  # victims named and evicted
+    evicted: set[str] = field(default_factory=set)  # every task evicted so far (gang breaks included)
+    placed: set[str] = field(default_factory=set)  # tasks bound so far
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One placement of the unit under check, with what the stages learn about it."""
+
+    pos: int  # position in proposal.placements
+    placement: Placement
+    task_id: str
+    request: ResourceRequest | None = None
+    row: int = -1
+
+
+@dataclass(slots=True)
+class Credit:
+    """Resources on one node that the unit's victims will free (or its earlier placements took)."""
+
+    cpu: int = 0
+    memory: int = 0
+    extended: dict[str, int] = field(default_factory=dict)
+    gpus: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class UnitCheck:
+    proposal: Proposal
+    state: BinderState
+    scope: BatchScope
+    # Filled by victims_valid: victims of the placements that passed it, and what they free per row.
+    victims: dict[str, int] = field(default_factory=dict)  # victim task id -> row
+    credit: dict[int, Credit] = field(default_factory=dict)
+
+    @property
+    def job(self) -> Job:
+        return self.proposal.job
+
+
+class Stage(Protocol):
+    name: str
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]: ...
+
+
+# -- the stages --------------------------------------------------------------------------------------
+class TaskValid:
+    """The task exists in its job, is proposed once, and is not bound already (or in this batch)."""
+
+    name = "task_valid"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        job = unit.job
+        total = job.total_replicas
+        seen: set[int] = set()
+        task_row = unit.state.arrays.task_row
+        scope = unit.scope
+        out: list[str | None] = []
+        for c in candidates:
+            idx = c.placement.task_index
+            if not 0 <= idx < total:
+                out.append(f"job {job.id} has no task {idx}")
+                continue
+            if idx in seen:
+                out.append(f"task {c.task_id} is proposed twice")
+                continue
+            seen.add(idx)
+            c.request = job.group_of(idx).resources
+            bad = request_error(c.request)
+            if bad is not None:
+                out.append(f"task {c.task_id}: {bad}")
+            elif c.task_id in scope.placed:
+                out.append(f"task {c.task_id} was bound by an earlier proposal in this batch")
+            elif c.task_id in scope.evicted:
+                out.append(f"task {c.task_id} was evicted earlier in this batch")
+            elif c.task_id in task_row:
+                node = unit.state.node_name(task_row[c.task_id])
+                out.append(f"task {c.task_id} is already bound to {node}")
+            else:
+                out.append(None)
+        return out
+
+
+class NodeExists:
+    name = "node_exists"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        row_of = unit.state.arrays.row_of
+        out: list[str | None] = []
+        for c in candidates:
+            row = row_of.get(c.placement.node)
+            if row is None:
+                out.append(f"node {c.placement.node} is gone")
+            else:
+                c.row = row
+                out.append(None)
+        return out
+
+
+class NodeSchedulable:
+    name = "node_schedulable"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        a = unit.state.arrays
+        out: list[str | None] = []
+        for c in candidates:
+            if a.schedulable[c.row]:
+                out.append(None)
+            else:
+                node = a.nodes[c.row]
+                state = "gone" if node is None else node.state.value
+                out.append(f"node {c.placement.node} is {state}")
+        return out
+
+
+class VictimsValid:
+    """Every victim is still bound to the placement's node, preemptible, of another job, and not
+    claimed by an earlier proposal of the batch. Records the victims and what they free per node."""
+
+    name = "victims_valid"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        scope = unit.scope
+        state = unit.state
+        job_id = unit.job.id
+        out: list[str | None] = []
+        for c in candidates:
+            reason = None
+            for v in c.placement.victims:
+                if v in scope.claimed_victims:
+                    reason = f"victim {v} was already claimed by an earlier proposal in this batch"
+                    break
+                if v in scope.evicted:
+                    reason = f"victim {v} was already evicted earlier in this batch"
+                    break
+                got = state.resident(v)
+                if got is None:
+                    reason = f"victim {v} is no longer bound"
+                    break
+                row, r = got
+                if row != c.row:
+                    reason = f"victim {v} is bound to {state.node_name(row)}, not {c.placement.node}"
+                    break
+                if r.job_id == job_id:
+                    reason = f"victim {v} belongs to the preempting job"
+                    break
+                if not r.preemptible:
+                    reason = f"victim {v} is not preemptible"
+                    break
+            out.append(reason)
+            if reason is None:
+                for v in c.placement.victims:
+                    if v in unit.victims:
+                        continue
+                    got = state.resident(v)
+                    assert got is not None  # checked just above
+                    row, r = got
+                    unit.victims[v] = row
+                    credit = unit.credit.get(row)
+                    if credit is None:
+                        credit = unit.credit[row] = Credit()
+                    credit.cpu += r.cpu_milli
+                    credit.memory += r.memory
+                    for name, amount in r.extended:
+                        credit.extended[name] = credit.extended.get(name, 0) + amount
+                    for g, milli in r.gpus:
+                        credit.gpus[g] = credit.gpus.get(g, 0) + milli
+        return out
+
+
+class ResourcesFit:
+    """cpu, memory and extended resources fit on the node, counting the unit's victims there as gone
+    and its earlier placements there as taken."""
+
+    name = "resources_fit"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        a = unit.state.arrays
+        taken: dict[int, Credit] = {}
+        none = Credit()
+        out: list[str | None] = []
+        for c in candidates:
+            req = c.request
+            assert req is not None
+            row = c.row
+            freed = unit.credit.get(row, none)
+            used = taken.get(row, none)
+            reason = None
+            if a.cpu_used[row] + used.cpu + req.cpu_milli - freed.cpu > a.cpu_cap[row]:
+                reason = f"insufficient cpu on {c.placement.node}"
+            elif a.mem_used[row] + used.memory + req.memory - freed.memory > a.mem_cap[row]:
+                reason = f"insufficient memory on {c.placement.node}"
+            else:
+                for name, amount in req.extended:
+                    if not amount:
+                        continue
+                    col = a.ext_col(name)
+                    if col is None:
+                        reason = f"insufficient {name} on {c.placement.node}"
+                        break
+                    have = a.ext_cap[row, col] - a.ext_used[row, col] + freed.extended.get(name, 0)
+                    if used.extended.get(name, 0) + amount > have:
+                        reason = f"insufficient {name} on {c.placement.node}"
+                        break
+            out.append(reason)
+            if reason is None:
+                t = taken.get(row)
+                if t is None:
+                    t = taken[row] = Credit()
+                t.cpu += req.cpu_milli
+                t.memory += req.memory
+                for name, amount in req.extended:
+                    t.extended[name] = t.extended.get(name, 0) + amount
+        return out
+
+
+class GpusFree:
+    """The exact (GPU index, milli) pairs proposed match the request and are free (victims counted
+    as gone, earlier placements of the unit as taken)."""
+
+    name = "gpus_free"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        a = unit.state.arrays
+        taken: dict[tuple[int, int], int] = {}
+        out: list[str | None] = []
+        for c in candidates:
+            req = c.request
+            assert req is not None
+            gpus = c.placement.gpus
+            reason = gpu_shape_error(req, gpus)
+            if reason is None and gpus:
+                row = c.row
+                freed = unit.credit.get(row)
+                for g, milli in gpus:
+                    if not a.gpu_exists[row, g]:
+                        reason = f"no GPU {g} on {c.placement.node}"
+                        break
+                    free = int(a.gpu_free[row, g]) - taken.get((row, g), 0)
+                    if freed is not None:
+                        free += freed.gpus.get(g, 0)
+                    if free < milli:
+                        reason = f"GPU {g} on {c.placement.node} is not free"
+                        break
+                if reason is None:
+                    for g, milli in gpus:
+                        taken[(row, g)] = taken.get((row, g), 0) + milli
+            out.append(reason)
+        return out
+
+
+DEFAULT_STAGES: tuple[Stage, ...] = (
+    TaskValid(),
+    NodeExists(),
+    NodeSchedulable(),
+    VictimsValid(),
+    ResourcesFit(),
+    GpusFree(),
+)
+STAGE_NAMES = tuple(s.name for s in DEFAULT_STAGES)
+
+
+def candidates_of(proposal: Proposal) -> list[Candidate]:
+    jid = proposal.job.id
+    return [Candidate(i, p, task_id(jid, p.task_index)) for i, p in enumerate(proposal.placements)]

@@ -1,0 +1,931 @@
+"""External job and node specs: plain dicts (YAML, JSON, CLI flags, later gRPC) to the model and back.
+
+`job_from_spec` / `node_from_spec` validate everything and raise `SpecError(field, reason)` at the
+first problem; `field` is a path such as ``groups[1].resources.memory``, ``min_member`` or
+``labels['team']`` (mapping entries are written in brackets since keys may hold dots).
+`job_to_spec` / `node_to_spec` are the inverses: ``job_from_spec(job_to_spec(job)) == job`` for
+every valid job in canonical form (mapping-like pairs sorted by key, as `job_from_spec` builds them).
+
+Job spec (every key optional unless marked)::
+
+    id: train-42               # [A-Za-z0-9._-], <= 128 chars; absent: "job-<12 hex>"
+    tenant: team-a             # queue-name syntax (QueueConfig.name): [a-z0-9]([-a-z0-9_.]*[a-z0-9])?
+    queue: default             # same syntax; must be one of known_queues when those are given
+    priority: 0                # int in [-1000000, 1000000]
+    min_member: 1              # gang size: 1 <= min_member <= total replicas
+    preemptible: true
+    kind: batch                # batch | service
+    deadline: 1735689600.0     # unix seconds or ISO-8601 ("2025-01-01T00:00:00Z"; no zone: UTC);
+                               #   after `now` when now is given
+    labels: {team: vision}     # Kubernetes label syntax
+    disruption_budget: 2       # int >= 0, or null: no limit
+    submit_time: 1735680000.0  # default: `now` (or the current time)
+    submission_id: cli-7f3a    # <= 128 chars
+    groups:                    # required unless the flat form is used; roles unique
+      - role: worker           # label-name syntax, default "main"
+        replicas: 4            # 1..100000, default 1
+        command: python train.py --lr 0.1   # required: a string (split like a shell does) or a list
+        env: {NCCL_DEBUG: INFO}
+        resources:             # these keys may also be written directly in the group
+          cpu: 2               # cores: 2, 0.5, "2", "500m"
+          memory: 16Gi         # bytes: 17179869184, "16Gi", "512M"
+          gpus: 1              # whole GPUs (<= 16); a fraction below 1 ("0.5") is a share of one GPU
+          gpu_share: 0.25      # or the share as a fraction of one GPU: 0.001..0.999 ("250m" too)
+          gpu_milli: 250       # or the share in milli-GPU: 1..999
+          gpu_memory: 40Gi     # each assigned GPU must have this much memory (or gpu_memory_mib: 40960)
+          extended: {example.com/fpga: 1}
+        gpu_models: [A100, H100]          # acceptable models; empty: any
+        node_selector: {zone: us-east-1a}
+        affinity:
+          required:            # OR of terms; each term is a list of requirements, all must hold
+            - [{key: gpu-gen, operator: In, values: [ampere, hopper]}]
+          preferred:           # weight 1..100; match: one term
+            - {weight: 50, match: [{key: zone, operator: In, values: [a]}]}
+        anti_affinity: [{topology_key: node, match_labels: {app: db}}]  # topology_key: node or a label key
+        tolerations: [{key: dedicated, operator: Equal, value: gpu, effect: NoSchedule}]
+
+A requirement is ``{key, operator, values}``: In/NotIn need values, Exists/DoesNotExist take none,
+Gt/Lt take exactly one integer. A toleration's operator is Equal (the default; needs a key) or
+Exists (no value; an empty key tolerates every taint); no effect means every effect.
+A task must request cpu, memory or a GPU; GPU memory needs a GPU request.
+
+Flat form: without ``groups``, the group keys above (role, replicas, command, resources, cpu, ...)
+are written at the top level and make one group, role "main" unless given.
+
+Node spec::
+
+    name: gpu-node-1           # label-name syntax, <= 253 chars; required
+    cpu: 64                    # required, > 0
+    memory: 512Gi              # required, > 0
+    gpus:                      # a list; index defaults to the position, unique and < 16
+      - {index: 0, uuid: GPU-1, model: A100, memory: 80Gi, numa_node: 0, nvlink_peers: [1]}
+    # or a shorthand for identical GPUs (numa_nodes absent: NUMA unknown; nvlink_pairs: 0-1, 2-3, ...):
+    # gpus: {count: 8, model: A100, memory: 80Gi, numa_nodes: 2, nvlink_pairs: true}
+    labels: {zone: a}
+    taints: [{key: dedicated, value: gpu, effect: NoSchedule}]   # effect defaults to NoSchedule
+    extended: {example.com/fpga: 2}
+    state: ready               # ready | not_ready | cordoned | draining
+
+A GPU's memory is given as a quantity (``memory: 80Gi``) or in MiB (``memory_mib: 81920``); NVLink
+peers must be GPUs of the same node that list this GPU back.
+
+Types are strict: an integer field takes an int (not a bool, not a string), a flag takes a bool, and
+null is accepted only where the model allows None (deadline, disruption_budget, a toleration's
+effect). Quantities take numbers or quantity strings. Unknown keys are errors.
+"""
+
+import difflib
+import math
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, NoReturn, TypeVar
+
+from gosched.common.cluster_state import MAX_GPUS
+from gosched.common.errors import QuantityError, SpecError
+from gosched.common.job import (
+    AntiAffinity,
+    Job,
+    JobKind,
+    NodeSelectorTerm,
+    PreferredTerm,
+    Requirement,
+    SelectorOp,
+    TaskGroup,
+    Toleration,
+)
+from gosched.common.node import Gpu, Node, NodeState, Taint, TaintEffect
+from gosched.common.quantity import format_milli, parse_bytes, parse_count, parse_milli
+from gosched.common.resources import GPU_MILLI, ResourceRequest
+
+__all__ = ["job_from_spec", "job_to_spec", "node_from_spec", "node_to_spec"]
+
+E = TypeVar("E", bound=StrEnum)
+
+# -- limits: anything beyond them is a typo, not a workload -------------------------------------
+MAX_ID_LEN = 128
+MAX_NAME_LEN = 63  # tenant, queue, role: like a DNS label
+MAX_NODE_NAME_LEN = 253
+MAX_PRIORITY = 1_000_000
+MAX_REPLICAS = 100_000
+MAX_CPU_MILLI = 100_000 * 1000  # 100000 cores
+MAX_MEMORY = 2**50  # 1 PiB
+MAX_GPU_MEMORY = 2**40  # 1 TiB per GPU
+MAX_EXTENDED = 10**15
+MAX_TEXT_LEN = 1024  # GPU model names, uuids
+MIB = 2**20
+
+_MISSING: Any = object()  # "key absent", distinct from an explicit null
+
+_ID = re.compile(r"[A-Za-z0-9._-]+")
+_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")  # QueueConfig.name in config.py
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+_RESOURCE_KEYS = frozenset(
+    {"cpu", "memory", "gpus", "gpu_share", "gpu_milli", "gpu_memory", "gpu_memory_mib", "extended"}
+)
+_GROUP_KEYS = _RESOURCE_KEYS | {
+    "role",
+    "replicas",
+    "command",
+    "env",
+    "resources",
+    "gpu_models",
+    "node_selector",
+    "affinity",
+    "anti_affinity",
+    "tolerations",
+}
+_JOB_KEYS = frozenset(
+    {
+        "id",
+        "tenant",
+        "queue",
+        "priority",
+        "min_member",
+        "preemptible",
+        "deadline",
+        "kind",
+        "labels",
+        "disruption_budget",
+        "submit_time",
+        "submission_id",
+    }
+)
+_NODE_KEYS = frozenset({"name", "cpu", "memory", "gpus", "labels", "taints", "extended", "state"})
+_GPU_KEYS = frozenset({"index", "uuid", "model", "memory", "memory_mib", "numa_node", "nvlink_peers"})
+_GPU_SHORTHAND_KEYS = frozenset({"count", "model", "memory", "memory_mib", "numa_nodes", "nvlink_pairs"})
+
+
+# == paths and failures ==========================================================================
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _item(path: str, index: int) -> str:
+    return f"{path}[{index}]"
+
+
+def _entry(path: str, key: str) -> str:
+    return f"{path}[{key!r}]"
+
+
+def _fail(path: str, reason: str) -> NoReturn:
+    raise SpecError(path or "spec", reason)
+
+
+def _describe(value: object) -> str:
+    """A short phrase naming what was found, for "expected X, got Y" reasons."""
+    if value is None:
+        return "null"
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value))
+    if kind is None:
+        kind = "a list" if isinstance(value, list | tuple) else f"a {type(value).__name__}"
+    return f"{kind} ({_short(value)})"
+
+
+def _short(value: object) -> str:
+    """repr(value), cut to a length that fits in a message."""
+    text = repr(value)
+    return f"{text[:37]}..." if len(text) > 40 else text
+
+
+# == plain values ================================================================================
+def _mapping(value: object, path: str, allowed: Collection[str] | None = None) -> Mapping[str, Any]:
+    """`value` as a mapping with string keys; with `allowed`, every key must be one of those."""
+    if not isinstance(value, Mapping):
+        _fail(path, f"expected a mapping, got {_describe(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            _fail(path, f"keys must be strings, got {_describe(key)}")
+        if allowed is not None and key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            _fail(_at(path, key), "unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return value
+
+
+def _list(value: object, path: str) -> Sequence[Any]:
+    if not isinstance(value, list | tuple):
+        _fail(path, f"expected a list, got {_describe(value)}")
+    return value
+
+
+def _str(value: object, path: str, max_len: int | None = None) -> str:
+    if not isinstance(value, str):
+        _fail(path, f"expected a string, got {_describe(value)}")
+    if max_len is not None and len(value) > max_len:
+        _fail(path, f"longer than {max_len} characters ({len(value)})")
+    return value
+
+
+def _int(value: object, path: str, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(path, f"expected an integer, got {_describe(value)}")
+    if lo is not None and value < lo:
+        _fail(path, f"must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        _fail(path, f"must be <= {hi}, got {value}")
+    return value
+
+
+def _bool(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(path, f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _number(value: object, path: str) -> float:
+    """A finite int or float, as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _fail(path, f"expected a number, got {_describe(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        _fail(path, f"{_short(value)} is too large")
+    if not math.isfinite(number):
+        _fail(path, f"must be a finite number, got {value}")
+    return number
+
+
+def _enum(value: object, path: str, cls: type[E]) -> E:
+    if isinstance(value, str) and value in cls._value2member_map_:
+        return cls(value)
+    _fail(path, f"must be one of {', '.join(m.value for m in cls)}, got {_describe(value)}")
+
+
+def _required(spec: Mapping[str, Any], key: str, path: str, hint: str) -> Any:
+    if key not in spec:
+        _fail(_at(path, key), f"required: {hint}")
+    return spec[key]
+
+
+# == names =======================================================================================
+def _name(value: object, path: str, pattern: re.Pattern[str], max_len: int, rule: str) -> str:
+    """A non-empty string of at most `max_len` characters that fully matches `pattern`."""
+    text = _str(value, path)
+    if not text:
+        _fail(path, "must not be empty")
+    if len(text) > max_len:
+        _fail(path, f"longer than {max_len} characters ({len(text)})")
+    if not pattern.fullmatch(text):
+        _fail(path, f"{text!r} is not valid: {rule}")
+    return text
+
+
+def _job_id(value: object, path: str) -> str:
+    if value is _MISSING:
+        return f"job-{uuid.uuid4().hex[:12]}"
+    return _name(value, path, _ID, MAX_ID_LEN, "use letters, digits, '.', '_' and '-'")
+
+
+def _queue_name(value: object, path: str) -> str:
+    rule = "lowercase letters, digits, '-', '_', '.', starting and ending with a letter or digit"
+    return _name(value, path, _QUEUE_NAME, MAX_NAME_LEN, rule)
+
+
+def _label_name(value: object, path: str, max_len: int = MAX_NAME_LEN) -> str:
+    rule = "letters, digits, '-', '_', '.', starting and ending with a letter or digit"
+    return _name(value, path, _LABEL_NAME, max_len, rule)
+
+
+def _label_key_problem(key: str, what: str = "label key") -> str | None:
+    """Why `key` is not a Kubernetes label key (optional DNS-subdomain prefix + "/" + name), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"{what} {key!r}: prefix {prefix!r} is not a DNS subdomain (lowercase, dot-separated)"
+    if not name or len(name) > MAX_NAME_LEN or not _LABEL_NAME.fullmatch(name):
+        return (
+            f"{what} {key!r}: the name must be 1-63 characters of letters, digits, '-', '_', '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def _label_value_problem(value: str) -> str | None:
+    if value and (len(value) > MAX_NAME_LEN or not _LABEL_NAME.fullmatch(value)):
+        return (
+            f"label value {value!r} must be empty or 1-63 characters of letters, digits, '-', '_', '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def _label_key(value: object, path: str) -> str:
+    key = _str(value, path)
+    if problem := _label_key_problem(key):
+        _fail(path, problem)
+    return key
+
+
+def _label_value(value: object, path: str) -> str:
+    text = _str(value, path)
+    if problem := _label_value_problem(text):
+        _fail(path, problem)
+    return text
+
+
+def _labels(value: object, path: str) -> tuple[tuple[str, str], ...]:
+    """A label mapping as pairs sorted by key (the model's canonical form)."""
+    pairs = []
+    for key, text in _mapping(value, path).items():
+        where = _entry(path, key)
+        if problem := _label_key_problem(key):
+            _fail(where, problem)
+        pairs.append((key, _label_value(text, where)))
+    return tuple(sorted(pairs))
+
+
+# == quantities ==================================================================================
+def _quantity(parse: Callable[[Any, str], int], value: object, path: str, limit: int, limit_text: str) -> int:
+    """`parse(value)` with every failure as a SpecError, and at most `limit`."""
+    what = re.sub(r"\[.*?\]", "", path).rpartition(".")[2]  # "groups[0].resources.cpu" -> "cpu"
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(path, f"{value} is not a quantity")
+    if isinstance(value, str) and value.strip().startswith("-"):
+        _fail(path, f"{_short(value)} is negative")
+    try:
+        amount = parse(value, what)
+    except QuantityError as exc:
+        _fail(path, str(exc))
+    except (ValueError, OverflowError):  # quantity.py lets float overflow escape as these
+        _fail(path, f"{_short(value)} is too large")
+    if amount > limit:
+        _fail(path, f"{_short(value)} is more than {limit_text}")
+    return amount
+
+
+def _cpu(value: object, path: str) -> int:
+    return _quantity(parse_milli, value, path, MAX_CPU_MILLI, "100000 cores")
+
+
+def _memory(value: object, path: str) -> int:
+    return _quantity(parse_bytes, value, path, MAX_MEMORY, "1Pi")
+
+
+def _gpus(value: object, path: str) -> tuple[int, int]:
+    """`gpus` as (whole GPUs, milli share): 2 -> (2, 0); "0.5" -> (0, 500); 1.5 is refused."""
+    milli = _quantity(
+        parse_milli, value, path, MAX_GPUS * GPU_MILLI, f"{MAX_GPUS} GPUs (the most a node holds)"
+    )
+    if milli % GPU_MILLI == 0:
+        return milli // GPU_MILLI, 0
+    if milli < GPU_MILLI:
+        return 0, milli
+    _fail(path, f"{value!r}: a fraction of a GPU must be below 1 (ask for whole GPUs or a share of one)")
+
+
+def _share(milli: int, value: object, path: str) -> int:
+    if milli < 1:
+        _fail(path, f"{value!r} is less than 0.001 GPU (1 milli)")
+    return milli
+
+
+def _gpu_memory_mib(entries: Mapping[str, tuple[Any, str]], keys: tuple[str, str], round_up: bool) -> int:
+    """GPU memory in MiB from a quantity key or a MiB key (at most one of `keys`); 0 if neither.
+
+    A request rounds up (it is a floor the GPU must meet), a node's capacity rounds down.
+    """
+    given = [k for k in keys if k in entries]
+    if not given:
+        return 0
+    if len(given) == 2:
+        _fail(entries[keys[1]][1], f"give {keys[0]} or {keys[1]}, not both")
+    value, path = entries[given[0]]
+    if given[0] == keys[1]:
+        return _quantity(
+            parse_count, value, path, MAX_GPU_MEMORY // MIB, f"{MAX_GPU_MEMORY // MIB} MiB (1Ti)"
+        )
+    amount = _quantity(parse_bytes, value, path, MAX_GPU_MEMORY, "1Ti")
+    return -(-amount // MIB) if round_up else amount // MIB
+
+
+def _extended(value: object, path: str) -> tuple[tuple[str, int], ...]:
+    pairs = []
+    for name, amount in _mapping(value, path).items():
+        where = _entry(path, name)
+        if problem := _label_key_problem(name, "resource name"):
+            _fail(where, problem)
+        pairs.append((name, _quantity(parse_count, amount, where, MAX_EXTENDED, f"{MAX_EXTENDED}")))
+    return tuple(sorted(pairs))
+
+
+# == task groups =================================================================================
+def _resource_entries(group: Mapping[str, Any], path: str) -> dict[str, tuple[Any, str]]:
+    """Resource keys, from `resources` and from the group itself, each with the path it was given at."""
+    res_path = _at(path, "resources")
+    entries: dict[str, tuple[Any, str]] = {}
+    if "resources" in group:
+        for key, value in _mapping(group["resources"], res_path, _RESOURCE_KEYS).items():
+            entries[key] = (value, _at(res_path, key))
+    for key in sorted(_RESOURCE_KEYS & group.keys()):
+        if key in entries:
+            _fail(_at(path, key), f"given twice: here and in {res_path}")
+        entries[key] = (group[key], _at(path, key))
+    return entries
+
+
+def _gpu_request(entries: Mapping[str, tuple[Any, str]]) -> tuple[int, int]:
+    """(whole GPUs, milli share) from gpus / gpu_share / gpu_milli: one share at most, never both kinds."""
+    whole, share, share_from = 0, 0, ""
+    if "gpus" in entries:
+        whole, share = _gpus(*entries["gpus"])
+        share_from = "gpus" if share else ""
+    for key in ("gpu_share", "gpu_milli"):
+        if key not in entries:
+            continue
+        value, path = entries[key]
+        if share_from:
+            _fail(path, f"a GPU share is already given by {share_from}")
+        if whole:
+            _fail(path, "cannot combine whole GPUs (gpus) with a share of one GPU")
+        parse = parse_milli if key == "gpu_share" else parse_count
+        share = _share(_quantity(parse, value, path, GPU_MILLI - 1, "0.999 GPU (999 milli)"), value, path)
+        share_from = key
+    return whole, share
+
+
+def _resources(group: Mapping[str, Any], path: str) -> ResourceRequest:
+    entries = _resource_entries(group, path)
+    cpu = _cpu(*entries["cpu"]) if "cpu" in entries else 0
+    memory = _memory(*entries["memory"]) if "memory" in entries else 0
+    gpus, gpu_milli = _gpu_request(entries)
+    gpu_memory = _gpu_memory_mib(entries, ("gpu_memory", "gpu_memory_mib"), round_up=True)
+    if gpu_memory and not (gpus or gpu_milli):
+        key = "gpu_memory" if "gpu_memory" in entries else "gpu_memory_mib"
+        _fail(entries[key][1], "needs a GPU request (gpus, gpu_share or gpu_milli)")
+    extended = _extended(*entries["extended"]) if "extended" in entries else ()
+    if not (cpu or memory or gpus or gpu_milli):
+        _fail(_at(path, "resources"), "requests nothing: ask for cpu, memory or GPUs")
+    return ResourceRequest(cpu, memory, gpus, gpu_milli, gpu_memory, extended)
+
+
+def _command(value: object, path: str) -> tuple[str, ...]:
+    if value is _MISSING:
+        _fail(path, "required: the program to run and its arguments")
+    if isinstance(value, str):
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:  # unbalanced quotes
+            _fail(path, f"cannot split {value!r}: {exc}")
+    else:
+        argv = [_str(arg, _item(path, i)) for i, arg in enumerate(_list(value, path))]
+    if not argv or not argv[0]:
+        _fail(path, "must not be empty: give the program to run")
+    return tuple(argv)
+
+
+def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for name, text in _mapping(value, path).items():
+        where = _entry(path, name)
+        if not _ENV_NAME.fullmatch(name):
+            _fail(where, f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        pairs.append((name, _str(text, where)))
+    return tuple(sorted(pairs))
+
+
+def _gpu_models(value: object, path: str) -> tuple[str, ...]:
+    models: list[str] = []
+    for i, item in enumerate(_list(value, path)):
+        model = _str(item, _item(path, i), MAX_TEXT_LEN)
+        if not model:
+            _fail(_item(path, i), "must not be empty")
+        if model in models:
+            _fail(_item(path, i), f"duplicate model {model!r}")
+        models.append(model)
+    return tuple(models)
+
+
+def _requirement(value: object, path: str) -> Requirement:
+    spec = _mapping(value, path, {"key", "operator", "values"})
+    key = _label_key(_required(spec, "key", path, "the node label to test"), _at(path, "key"))
+    ops = ", ".join(SelectorOp)
+    op = _enum(_required(spec, "operator", path, f"one of {ops}"), _at(path, "operator"), SelectorOp)
+    values_path = _at(path, "values")
+    values = _list(spec.get("values", []), values_path)
+    if op in (SelectorOp.IN, SelectorOp.NOT_IN):
+        if not values:
+            _fail(values_path, f"{op} needs at least one value")
+        return Requirement(
+            key, op, tuple(_label_value(v, _item(values_path, i)) for i, v in enumerate(values))
+        )
+    if op in (SelectorOp.EXISTS, SelectorOp.DOES_NOT_EXIST):
+        if values:
+            _fail(values_path, f"{op} takes no values")
+        return Requirement(key, op)
+    if len(values) != 1:
+        _fail(values_path, f"{op} takes exactly one integer value, got {len(values)}")
+    return Requirement(key, op, (_integer_text(values[0], _item(values_path, 0)),))
+
+
+def _integer_text(value: object, path: str) -> str:
+    """An int or an integer string, as the canonical decimal string Requirement.values holds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and _INTEGER.fullmatch(value):
+        return str(int(value))
+    _fail(path, f"expected an integer, got {_describe(value)}")
+
+
+def _term(value: object, path: str) -> NodeSelectorTerm:
+    items = _list(value, path)
+    if not items:
+        _fail(path, "an empty term matches no node: give at least one requirement")
+    return NodeSelectorTerm(tuple(_requirement(r, _item(path, i)) for i, r in enumerate(items)))
+
+
+def _preferred(value: object, path: str) -> PreferredTerm:
+    spec = _mapping(value, path, {"weight", "match"})
+    weight = _int(_required(spec, "weight", path, "1..100"), _at(path, "weight"), 1, 100)
+    match = _required(spec, "match", path, "a list of requirements")
+    return PreferredTerm(weight, _term(match, _at(path, "match")))
+
+
+def _affinity(value: object, path: str) -> tuple[tuple[NodeSelectorTerm, ...], tuple[PreferredTerm, ...]]:
+    spec = _mapping(value, path, {"required", "preferred"})
+    req_path, pref_path = _at(path, "required"), _at(path, "preferred")
+    required = tuple(
+        _term(t, _item(req_path, i)) for i, t in enumerate(_list(spec.get("required", []), req_path))
+    )
+    preferred = tuple(
+        _preferred(p, _item(pref_path, i)) for i, p in enumerate(_list(spec.get("preferred", []), pref_path))
+    )
+    return required, preferred
+
+
+def _anti_affinity(value: object, path: str) -> AntiAffinity:
+    spec = _mapping(value, path, {"topology_key", "match_labels"})
+    topology_key = spec.get("topology_key", "node")
+    if topology_key != "node":  # "node" means the node itself; anything else is a node label
+        topology_key = _label_key(topology_key, _at(path, "topology_key"))
+    return AntiAffinity(topology_key, _labels(spec.get("match_labels", {}), _at(path, "match_labels")))
+
+
+def _toleration(value: object, path: str) -> Toleration:
+    spec = _mapping(value, path, {"key", "operator", "value", "effect"})
+    key = _str(spec.get("key", ""), _at(path, "key"))
+    if key:
+        _label_key(key, _at(path, "key"))
+    operator = spec.get("operator", "Equal")
+    if operator not in ("Equal", "Exists"):
+        _fail(_at(path, "operator"), f"must be Equal or Exists, got {_describe(operator)}")
+    text = _label_value(spec.get("value", ""), _at(path, "value"))
+    if operator == "Equal" and not key:
+        _fail(_at(path, "key"), "required with operator Equal (Exists with no key tolerates every taint)")
+    if operator == "Exists" and text:
+        _fail(_at(path, "value"), "operator Exists takes no value")
+    effect = spec.get("effect")
+    return Toleration(
+        key, operator, text, None if effect is None else _enum(effect, _at(path, "effect"), TaintEffect)
+    )
+
+
+def _items(value: object, path: str, parse: Callable[[object, str], Any]) -> tuple[Any, ...]:
+    return tuple(parse(item, _item(path, i)) for i, item in enumerate(_list(value, path)))
+
+
+def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
+    """One task group from a mapping whose keys are already checked (a group, or the flat job)."""
+    required, preferred = (
+        _affinity(spec["affinity"], _at(path, "affinity")) if "affinity" in spec else ((), ())
+    )
+    return TaskGroup(
+        role=_label_name(spec.get("role", "main"), _at(path, "role")),
+        replicas=_int(spec.get("replicas", 1), _at(path, "replicas"), 1, MAX_REPLICAS),
+        resources=_resources(spec, path),
+        command=_command(spec.get("command", _MISSING), _at(path, "command")),
+        env=_env(spec.get("env", {}), _at(path, "env")),
+        gpu_models=_gpu_models(spec.get("gpu_models", []), _at(path, "gpu_models")),
+        node_selector=_labels(spec.get("node_selector", {}), _at(path, "node_selector")),
+        required_affinity=required,
+        preferred_affinity=preferred,
+        anti_affinity=_items(spec.get("anti_affinity", []), _at(path, "anti_affinity"), _anti_affinity),
+        tolerations=_items(spec.get("tolerations", []), _at(path, "tolerations"), _toleration),
+    )
+
+
+def _groups(value: object, path: str) -> tuple[TaskGroup, ...]:
+    items = _list(value, path)
+    if not items:
+        _fail(path, "needs at least one group")
+    groups: list[TaskGroup] = []
+    for i, item in enumerate(items):
+        where = _item(path, i)
+        group = _group(_mapping(item, where, _GROUP_KEYS), where)
+        for j, other in enumerate(groups):
+            if other.role == group.role:
+                _fail(_at(where, "role"), f"duplicate role {group.role!r} (also {_item(path, j)})")
+        groups.append(group)
+    return tuple(groups)
+
+
+# == jobs ========================================================================================
+def _deadline(value: object, path: str, now: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            _fail(path, f"{_short(value)} is not an ISO-8601 time (give unix seconds as a number)")
+        if moment.tzinfo is None:  # a zone-less time is read as UTC, not as this machine's zone
+            moment = moment.replace(tzinfo=UTC)
+        deadline = moment.timestamp()
+    else:
+        deadline = _number(value, path)
+    if deadline <= 0:
+        _fail(path, f"must be after 1970-01-01, got {value!r}")
+    if now is not None and deadline <= now:
+        _fail(path, f"{value!r} is not in the future (now is {_iso(now)})")
+    return deadline
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+
+def _submit_time(value: object, path: str) -> float:
+    t = _number(value, path)
+    if t < 0:
+        _fail(path, f"must be >= 0, got {value!r}")
+    return t
+
+
+def job_from_spec(
+    spec: Mapping[str, Any], *, known_queues: Collection[str] | None = None, now: float | None = None
+) -> Job:
+    """Validate an external job spec (see the module docstring) and build the Job; SpecError if invalid."""
+    if isinstance(spec, Mapping) and "groups" in spec:
+        misplaced = sorted(_GROUP_KEYS & spec.keys())
+        if misplaced:
+            _fail(misplaced[0], "a task field at the top level next to 'groups': move it into a group")
+        root = _mapping(spec, "", _JOB_KEYS | {"groups"})
+        groups = _groups(root["groups"], "groups")
+    else:  # flat form: the job is its one group
+        root = _mapping(spec, "", _JOB_KEYS | _GROUP_KEYS)
+        groups = (_group(root, ""),)
+
+    queue = _queue_name(root.get("queue", "default"), "queue")
+    if known_queues is not None and queue not in known_queues:
+        _fail("queue", f"unknown queue {queue!r} (known: {', '.join(sorted(known_queues))})")
+    total = sum(g.replicas for g in groups)
+    min_member = _int(root.get("min_member", 1), "min_member", lo=1)
+    if min_member > total:
+        _fail("min_member", f"min_member {min_member} > total replicas {total}")
+    budget = root.get("disruption_budget")
+    if "submit_time" in root:
+        submit_time = _submit_time(root["submit_time"], "submit_time")
+    else:
+        submit_time = time.time() if now is None else now
+    return Job(
+        id=_job_id(root.get("id", _MISSING), "id"),
+        groups=groups,
+        tenant=_queue_name(root.get("tenant", "default"), "tenant"),
+        queue=queue,
+        priority=_int(root.get("priority", 0), "priority", -MAX_PRIORITY, MAX_PRIORITY),
+        min_member=min_member,
+        preemptible=_bool(root.get("preemptible", True), "preemptible"),
+        deadline=_deadline(root.get("deadline"), "deadline", now),
+        kind=_enum(root.get("kind", "batch"), "kind", JobKind),
+        labels=_labels(root.get("labels", {}), "labels"),
+        disruption_budget=None if budget is None else _int(budget, "disruption_budget", lo=0),
+        submit_time=submit_time,
+        submission_id=_str(root.get("submission_id", ""), "submission_id", MAX_ID_LEN),
+    )
+
+
+# == job -> spec =================================================================================
+def _resources_to_spec(r: ResourceRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if r.cpu_milli:
+        out["cpu"] = format_milli(r.cpu_milli)
+    if r.memory:
+        out["memory"] = r.memory  # plain bytes: exact, unlike a rounded "1.5Gi"
+    if r.gpus:
+        out["gpus"] = r.gpus
+    if r.gpu_milli:
+        out["gpu_milli"] = r.gpu_milli
+    if r.gpu_memory_mib:
+        out["gpu_memory_mib"] = r.gpu_memory_mib
+    if r.extended:
+        out["extended"] = dict(r.extended)
+    return out
+
+
+def _requirement_to_spec(r: Requirement) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": r.key, "operator": r.op.value}
+    if r.values:
+        out["values"] = list(r.values)
+    return out
+
+
+def _term_to_spec(term: NodeSelectorTerm) -> list[dict[str, Any]]:
+    return [_requirement_to_spec(r) for r in term.requirements]
+
+
+def _toleration_to_spec(t: Toleration) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": t.key, "operator": t.operator, "value": t.value}
+    if t.effect is not None:
+        out["effect"] = t.effect.value
+    return out
+
+
+def _group_to_spec(g: TaskGroup) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "role": g.role,
+        "replicas": g.replicas,
+        "command": list(g.command),
+        "resources": _resources_to_spec(g.resources),
+    }
+    if g.env:
+        out["env"] = dict(g.env)
+    if g.gpu_models:
+        out["gpu_models"] = list(g.gpu_models)
+    if g.node_selector:
+        out["node_selector"] = dict(g.node_selector)
+    affinity: dict[str, Any] = {}
+    if g.required_affinity:
+        affinity["required"] = [_term_to_spec(t) for t in g.required_affinity]
+    if g.preferred_affinity:
+        affinity["preferred"] = [
+            {"weight": p.weight, "match": _term_to_spec(p.term)} for p in g.preferred_affinity
+        ]
+    if affinity:
+        out["affinity"] = affinity
+    if g.anti_affinity:
+        out["anti_affinity"] = [
+            {"topology_key": a.topology_key, "match_labels": dict(a.match_labels)} for a in g.anti_affinity
+        ]
+    if g.tolerations:
+        out["tolerations"] = [_toleration_to_spec(t) for t in g.tolerations]
+    return out
+
+
+def job_to_spec(job: Job) -> dict[str, Any]:
+    """The spec of a job (plain JSON/YAML-friendly values); `job_from_spec` turns it back into `job`."""
+    spec: dict[str, Any] = {
+        "id": job.id,
+        "tenant": job.tenant,
+        "queue": job.queue,
+        "priority": job.priority,
+        "min_member": job.min_member,
+        "preemptible": job.preemptible,
+        "kind": job.kind.value,
+        "submit_time": job.submit_time,
+        "groups": [_group_to_spec(g) for g in job.groups],
+    }
+    if job.deadline is not None:
+        spec["deadline"] = job.deadline
+    if job.labels:
+        spec["labels"] = dict(job.labels)
+    if job.disruption_budget is not None:
+        spec["disruption_budget"] = job.disruption_budget
+    if job.submission_id:
+        spec["submission_id"] = job.submission_id
+    return spec
+
+
+# == nodes =======================================================================================
+def _gpu(value: object, path: str, position: int) -> Gpu:
+    spec = _mapping(value, path, _GPU_KEYS)
+    entries = {k: (v, _at(path, k)) for k, v in spec.items()}
+    return Gpu(
+        index=_int(spec.get("index", position), _at(path, "index"), 0, MAX_GPUS - 1),
+        uuid=_str(spec.get("uuid", ""), _at(path, "uuid"), MAX_TEXT_LEN),
+        model=_str(spec.get("model", ""), _at(path, "model"), MAX_TEXT_LEN),
+        memory_mib=_gpu_memory_mib(entries, ("memory", "memory_mib"), round_up=False),
+        numa_node=_int(spec.get("numa_node", -1), _at(path, "numa_node"), -1, 1023),
+        nvlink_peers=tuple(
+            sorted(
+                _items(spec.get("nvlink_peers", []), _at(path, "nvlink_peers"), lambda v, p: _int(v, p, 0))
+            )
+        ),
+    )
+
+
+def _check_gpus(gpus: Sequence[Gpu], path: str) -> None:
+    """Indexes and uuids unique; NVLink peers are other GPUs of the node that list this one back."""
+    by_index: dict[int, Gpu] = {}
+    uuids: dict[str, int] = {}
+    for i, gpu in enumerate(gpus):
+        where = _item(path, i)
+        if gpu.index in by_index:
+            _fail(_at(where, "index"), f"duplicate GPU index {gpu.index}")
+        if gpu.uuid and gpu.uuid in uuids:
+            _fail(_at(where, "uuid"), f"duplicate uuid {gpu.uuid!r} (also GPU {uuids[gpu.uuid]})")
+        by_index[gpu.index] = gpu
+        uuids[gpu.uuid] = gpu.index
+    for i, gpu in enumerate(gpus):
+        where = _at(_item(path, i), "nvlink_peers")
+        if len(set(gpu.nvlink_peers)) != len(gpu.nvlink_peers):
+            _fail(where, "a peer is listed twice")
+        for peer in gpu.nvlink_peers:
+            if peer == gpu.index:
+                _fail(where, f"GPU {gpu.index} cannot be its own peer")
+            if peer not in by_index:
+                _fail(where, f"no GPU with index {peer} on this node")
+            if gpu.index not in by_index[peer].nvlink_peers:  # NVLink is symmetric
+                _fail(where, f"GPU {peer} does not list GPU {gpu.index} as a peer")
+
+
+def _gpu_shorthand(spec: Mapping[str, Any], path: str) -> tuple[Gpu, ...]:
+    count = _int(_required(spec, "count", path, "how many GPUs"), _at(path, "count"), 0, MAX_GPUS)
+    model = _str(spec.get("model", ""), _at(path, "model"), MAX_TEXT_LEN)
+    entries = {k: (v, _at(path, k)) for k, v in spec.items()}
+    memory_mib = _gpu_memory_mib(entries, ("memory", "memory_mib"), round_up=False)
+    numa_nodes = _int(spec.get("numa_nodes", 0), _at(path, "numa_nodes"), 0, 1024)
+    pairs = _bool(spec.get("nvlink_pairs", False), _at(path, "nvlink_pairs"))
+    per_numa = -(-count // numa_nodes) if numa_nodes else 0  # spread evenly, as node.make_node does
+    return tuple(
+        Gpu(
+            index=i,
+            model=model,
+            memory_mib=memory_mib,
+            numa_node=i // per_numa if per_numa else -1,
+            nvlink_peers=(i ^ 1,) if pairs and (i ^ 1) < count else (),
+        )
+        for i in range(count)
+    )
+
+
+def _node_gpus(value: object, path: str) -> tuple[Gpu, ...]:
+    if isinstance(value, Mapping):
+        return _gpu_shorthand(_mapping(value, path, _GPU_SHORTHAND_KEYS), path)
+    items = _list(value, path)
+    if len(items) > MAX_GPUS:
+        _fail(path, f"{len(items)} GPUs, at most {MAX_GPUS} per node")
+    gpus = [_gpu(item, _item(path, i), i) for i, item in enumerate(items)]
+    _check_gpus(gpus, path)
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def _taint(value: object, path: str) -> Taint:
+    spec = _mapping(value, path, {"key", "value", "effect"})
+    return Taint(
+        key=_label_key(_required(spec, "key", path, "the taint's key"), _at(path, "key")),
+        value=_label_value(spec.get("value", ""), _at(path, "value")),
+        effect=_enum(spec.get("effect", TaintEffect.NO_SCHEDULE.value), _at(path, "effect"), TaintEffect),
+    )
+
+
+def _taints(value: object, path: str) -> tuple[Taint, ...]:
+    taints: tuple[Taint, ...] = _items(value, path, _taint)
+    for i, taint in enumerate(taints):
+        if any((t.key, t.effect) == (taint.key, taint.effect) for t in taints[:i]):
+            _fail(_item(path, i), f"duplicate taint {taint.key!r} with effect {taint.effect}")
+    return taints
+
+
+def _positive(amount: int, path: str) -> int:
+    if amount <= 0:
+        _fail(path, "must be more than 0")
+    return amount
+
+
+def node_from_spec(spec: Mapping[str, Any]) -> Node:
+    """Validate an external node spec (see the module docstring) and build the Node; SpecError if invalid."""
+    root = _mapping(spec, "", _NODE_KEYS)
+    cpu = _required(root, "cpu", "", 'the node\'s cores, e.g. 64 or "63500m"')
+    memory = _required(root, "memory", "", "the node's memory, e.g. 512Gi")
+    return Node(
+        name=_label_name(_required(root, "name", "", "the node's name"), "name", MAX_NODE_NAME_LEN),
+        cpu_milli=_positive(_cpu(cpu, "cpu"), "cpu"),
+        memory=_positive(_memory(memory, "memory"), "memory"),
+        gpus=_node_gpus(root.get("gpus", []), "gpus"),
+        labels=_labels(root.get("labels", {}), "labels"),
+        taints=_taints(root.get("taints", []), "taints"),
+        extended=_extended(root.get("extended", {}), "extended"),
+        state=_enum(root.get("state", NodeState.READY.value), "state", NodeState),
+    )
+
+
+def node_to_spec(node: Node) -> dict[str, Any]:
+    """The spec of a node; `node_from_spec` turns it back into `node`."""
+    spec: dict[str, Any] = {"name": node.name, "cpu": format_milli(node.cpu_milli), "memory": node.memory}
+    if node.gpus:
+        spec["gpus"] = [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_mib": g.memory_mib,
+                "numa_node": g.numa_node,
+                "nvlink_peers": list(g.nvlink_peers),
+            }
+            for g in node.gpus
+        ]
+    if node.labels:
+        spec["labels"] = dict(node.labels)
+    if node.taints:
+        spec["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect.value} for t in node.taints]
+    if node.extended:
+        spec["extended"] = dict(node.extended)
+    spec["state"] = node.state.value
+    return spec

@@ -1,0 +1,420 @@
+"""The durable store: jobs, their tasks, nodes and the binder's version, in SQLite (WAL).
+
+Shared by the dispatcher (it stores accepted jobs and dispatcher-side task states) and the binder
+(it stores bindings and every task state change it makes). Every method is one transaction and
+writes its rows in batches (executemany); nothing commits row by row.
+
+Tables:
+    meta(key PK, value)            schema_version, version (the binder's change-log version)
+    jobs(id PK, submission_id UNIQUE NULL, spec BLOB, submit_time, state)
+    tasks(task_id PK "job/index", job_id, idx, state, node, gpus, attempt, bound_at, updated)
+    nodes(name PK, spec BLOB, state)
+
+Specs are encoded with gosched.common.codec. A task's GPUs are stored as text "0:1000,3:500".
+"""
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple, Self
+
+from gosched.common.codec import decode, decode_job, encode, encode_job
+from gosched.common.job import Job, split_task_id, task_id
+from gosched.common.node import Node
+from gosched.common.states import HOLDS_RESOURCES, JobState, TaskState
+
+SCHEMA_VERSION = 1
+
+Gpus = tuple[tuple[int, int], ...]
+# (idx, state, node or None, gpus) of one task, as load_jobs returns them.
+TaskRow = tuple[int, TaskState, str | None, Gpus]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS jobs (
+    id            TEXT PRIMARY KEY,
+    submission_id TEXT UNIQUE,
+    spec          BLOB NOT NULL,
+    submit_time   REAL NOT NULL,
+    state         TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id  TEXT PRIMARY KEY,
+    job_id   TEXT NOT NULL,
+    idx      INTEGER NOT NULL,
+    state    TEXT NOT NULL,
+    node     TEXT,
+    gpus     TEXT NOT NULL DEFAULT '',
+    attempt  INTEGER NOT NULL DEFAULT 0,
+    bound_at REAL,
+    updated  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks (job_id, idx);
+CREATE TABLE IF NOT EXISTS nodes (
+    name  TEXT PRIMARY KEY,
+    spec  BLOB NOT NULL,
+    state TEXT NOT NULL
+);
+"""
+
+_INSERT_JOB = "INSERT INTO jobs (id, submission_id, spec, submit_time, state) VALUES (?, ?, ?, ?, ?)"
+_INSERT_TASK = "INSERT INTO tasks (task_id, job_id, idx, state, updated) VALUES (?, ?, ?, ?, ?)"
+_BIND = "UPDATE tasks SET state = 'bound', node = ?, gpus = ?, bound_at = ?, updated = ? WHERE task_id = ?"
+# Back to pending (requeued): a new attempt, no node. Other states keep the node for the record.
+_SET_STATE = """
+UPDATE tasks SET
+    attempt  = attempt + (state != 'pending' AND ?1 = 'pending'),
+    node     = CASE WHEN ?1 = 'pending' THEN NULL ELSE node END,
+    gpus     = CASE WHEN ?1 = 'pending' THEN '' ELSE gpus END,
+    bound_at = CASE WHEN ?1 = 'pending' THEN NULL ELSE bound_at END,
+    state    = ?1,
+    updated  = ?2
+WHERE task_id = ?3
+"""
+_SET_META = (
+    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+_UPSERT_NODE = (
+    "INSERT INTO nodes (name, spec, state) VALUES (?, ?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, state = excluded.state"
+)
+_CHUNK = 500  # ids per "IN (...)" query, below SQLite's host-parameter limit
+
+
+class BoundTask(NamedTuple):
+    """A task holding resources (bound or running), with its job: what the binder recovers."""
+
+    job: Job
+    idx: int
+    state: TaskState
+    node: str
+    gpus: Gpus
+    bound_at: float
+
+
+def gpus_to_text(gpus: Gpus) -> str:
+    return ",".join(f"{g}:{m}" for g, m in gpus)
+
+
+def gpus_from_text(text: str) -> Gpus:
+    if not text:
+        return ()
+    out = []
+    for pair in text.split(","):
+        g, _, m = pair.partition(":")
+        out.append((int(g), int(m)))
+    return tuple(out)
+
+
+class Store:
+    """One SQLite connection in WAL mode; safe to share between threads (calls are serialised)."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+        self.path = str(path)
+        self._lock = threading.RLock()
+        # isolation_level=None: no implicit transactions; each method opens its own (BEGIN IMMEDIATE).
+        self._conn = sqlite3.connect(
+            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        c = self._conn
+        self.journal_mode = str(c.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        c.execute("PRAGMA synchronous=NORMAL")
+        c.execute("PRAGMA foreign_keys=OFF")
+        c.execute("PRAGMA temp_store=MEMORY")
+        c.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
+        self._create_schema()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _create_schema(self) -> None:
+        with self._tx() as c:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                c.execute(_SET_META, ("schema_version", SCHEMA_VERSION))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path}: store schema version {row[0]} is newer than this code's ({SCHEMA_VERSION})"
+                )
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any error."""
+        with self._lock:
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield c
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0])
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def add_jobs(self, jobs: Sequence[Job], *, now: float | None = None) -> None:
+        """Store new jobs and one pending task row per replica, all or nothing.
+
+        A job id already stored (or twice in `jobs`), or a submission id already used, raises
+        ValueError and stores nothing."""
+        if not jobs:
+            return
+        t = time.time() if now is None else now
+        try:
+            with self._tx() as c:
+                self._insert_jobs(c, jobs, t, if_missing=False)
+        except sqlite3.IntegrityError as exc:
+            raise ValueError(f"cannot store jobs: {self._conflicts(jobs) or exc}") from exc
+
+    def _conflicts(self, jobs: Sequence[Job]) -> str:
+        """What makes `jobs` clash with the stored ones (or with each other), for the error message."""
+        seen_ids: set[str] = set()
+        seen_subs: set[str] = set()
+        for j in jobs:
+            if j.id in seen_ids or self.get_job_state(j.id) is not None:
+                return f"job {j.id} is already stored"
+            seen_ids.add(j.id)
+            if j.submission_id:
+                if j.submission_id in seen_subs or self.find_submission(j.submission_id) is not None:
+                    return f"submission id {j.submission_id!r} of job {j.id} is already used"
+                seen_subs.add(j.submission_id)
+        return ""
+
+    @staticmethod
+    def _insert_jobs(c: sqlite3.Connection, jobs: Sequence[Job], t: float, *, if_missing: bool) -> None:
+        """Job rows and their pending task rows; with if_missing, rows already there are kept."""
+        job_sql = _INSERT_JOB.replace("INSERT", "INSERT OR IGNORE") if if_missing else _INSERT_JOB
+        task_sql = _INSERT_TASK.replace("INSERT", "INSERT OR IGNORE") if if_missing else _INSERT_TASK
+        c.executemany(
+            job_sql,
+            [
+                (j.id, j.submission_id or None, encode_job(j), j.submit_time, JobState.PENDING.value)
+                for j in jobs
+            ],
+        )
+        c.executemany(
+            task_sql,
+            [
+                (task_id(j.id, i), j.id, i, TaskState.PENDING.value, t)
+                for j in jobs
+                for i in range(j.total_replicas)
+            ],
+        )
+
+    def find_submission(self, submission_id: str) -> str | None:
+        """The id of the job stored under `submission_id`, None if there is none."""
+        if not submission_id:
+            return None
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id FROM jobs WHERE submission_id = ?", (submission_id,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def get_job(self, job_id: str) -> Job | None:
+        with self._lock:
+            row = self._conn.execute("SELECT spec FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else decode_job(row[0])
+
+    def get_job_state(self, job_id: str) -> JobState | None:
+        with self._lock:
+            row = self._conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else JobState(row[0])
+
+    def set_job_state(self, job_id: str, state: JobState) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE jobs SET state = ? WHERE id = ?", (state.value, job_id))
+
+    def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
+        """Every job (in the order stored) with its tasks (idx, state, node, gpus), by index."""
+        with self._lock:
+            c = self._conn
+            jobs = [
+                (str(jid), decode_job(spec))
+                for jid, spec in c.execute("SELECT id, spec FROM jobs ORDER BY rowid")
+            ]
+            tasks: dict[str, list[TaskRow]] = {}
+            for jid, idx, state, node, gpus in c.execute(
+                "SELECT job_id, idx, state, node, gpus FROM tasks ORDER BY job_id, idx"
+            ):
+                tasks.setdefault(jid, []).append((int(idx), TaskState(state), node, gpus_from_text(gpus)))
+        return [(job, tasks.get(jid, [])) for jid, job in jobs]
+
+    def task_state(self, tid: str) -> TaskState | None:
+        with self._lock:
+            row = self._conn.execute("SELECT state FROM tasks WHERE task_id = ?", (tid,)).fetchone()
+        return None if row is None else TaskState(row[0])
+
+    def task_attempt(self, tid: str) -> int | None:
+        with self._lock:
+            row = self._conn.execute("SELECT attempt FROM tasks WHERE task_id = ?", (tid,)).fetchone()
+        return None if row is None else int(row[0])
+
+    # -- tasks ------------------------------------------------------------------------------------
+    def commit(
+        self,
+        version: int,
+        bound: Sequence[tuple[str, str, Gpus]],
+        state_changes: Sequence[tuple[str, TaskState]],
+        *,
+        now: float | None = None,
+        jobs: Mapping[str, Job] | None = None,
+    ) -> None:
+        """The binder's batch, in ONE transaction: bindings (state bound, node, GPUs, bound_at=now),
+        the other task state changes, and the version.
+
+        A bound task without a row (its job was never stored) gets its job stored from `jobs`
+        first; a job missing from `jobs` too raises KeyError and nothing is written.
+        """
+        t = time.time() if now is None else now
+        bind_rows = [(node, gpus_to_text(gpus), t, t, tid) for tid, node, gpus in bound]
+        with self._tx() as c:
+            if bind_rows:
+                cur = c.executemany(_BIND, bind_rows)
+                if cur.rowcount != len(bind_rows):
+                    self._bind_missing(c, bind_rows, jobs or {}, t)
+            if state_changes:
+                c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in state_changes])
+            c.execute(_SET_META, ("version", version))
+
+    def _bind_missing(
+        self,
+        c: sqlite3.Connection,
+        bind_rows: list[tuple[str, str, float, float, str]],
+        jobs: Mapping[str, Job],
+        t: float,
+    ) -> None:
+        ids = [row[4] for row in bind_rows]
+        present = self._existing_task_ids(c, ids)
+        missing_rows = [row for row in bind_rows if row[4] not in present]
+        missing_jobs: dict[str, Job] = {}
+        for row in missing_rows:
+            job_id, _ = split_task_id(row[4])
+            if job_id not in jobs:
+                raise KeyError(f"task {row[4]}: its job {job_id} is not stored and was not given")
+            missing_jobs[job_id] = jobs[job_id]
+        self._insert_jobs(c, list(missing_jobs.values()), t, if_missing=True)
+        cur = c.executemany(_BIND, missing_rows)
+        if cur.rowcount != len(missing_rows):
+            raise KeyError("tasks out of range of their job: " + ", ".join(r[4] for r in missing_rows))
+
+    @staticmethod
+    def _existing_task_ids(c: sqlite3.Connection, ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                r[0] for r in c.execute(f"SELECT task_id FROM tasks WHERE task_id IN ({marks})", chunk)
+            )
+        return found
+
+    def set_task_states(self, changes: Sequence[tuple[str, TaskState]], *, now: float | None = None) -> None:
+        """Task state changes (dispatcher side: scheduled, pending, running, cancelled...).
+
+        Moving to pending (requeue) starts a new attempt and clears node and GPUs; other states keep
+        the node the task ran on. Transitions are not checked here (see common.states).
+        """
+        if not changes:
+            return
+        t = time.time() if now is None else now
+        with self._tx() as c:
+            c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in changes])
+
+    def load_bound(self) -> list[BoundTask]:
+        """Every task holding resources (bound or running), with its job: for the binder's recovery."""
+        holding = tuple(s.value for s in HOLDS_RESOURCES)
+        marks = ",".join("?" * len(holding))
+        with self._lock:
+            c = self._conn
+            rows = c.execute(
+                f"SELECT job_id, idx, state, node, gpus, bound_at FROM tasks WHERE state IN ({marks}) "
+                "ORDER BY job_id, idx",
+                holding,
+            ).fetchall()
+            job_ids = sorted({r[0] for r in rows})
+            jobs: dict[str, Job] = {}
+            for start in range(0, len(job_ids), _CHUNK):
+                chunk = job_ids[start : start + _CHUNK]
+                q = f"SELECT id, spec FROM jobs WHERE id IN ({','.join('?' * len(chunk))})"
+                for jid, spec in c.execute(q, chunk):
+                    jobs[jid] = decode_job(spec)
+        out = []
+        for jid, idx, state, node, gpus, bound_at in rows:
+            job = jobs.get(jid)
+            if job is None or node is None:
+                continue  # a binding without its job spec or node cannot be rebuilt
+            out.append(
+                BoundTask(
+                    job, int(idx), TaskState(state), str(node), gpus_from_text(gpus), float(bound_at or 0.0)
+                )
+            )
+        return out
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def upsert_nodes(self, nodes: Sequence[Node], *, version: int | None = None) -> None:
+        """Insert or replace node specs (and set the version, if given, in the same transaction)."""
+        with self._tx() as c:
+            c.executemany(_UPSERT_NODE, [(n.name, encode(n), n.state.value) for n in nodes])
+            if version is not None:
+                c.execute(_SET_META, ("version", version))
+
+    def remove_node(
+        self,
+        name: str,
+        *,
+        version: int | None = None,
+        state_changes: Sequence[tuple[str, TaskState]] = (),
+        now: float | None = None,
+    ) -> None:
+        """Delete a node; in the same transaction, the state changes of its tasks and the version."""
+        t = time.time() if now is None else now
+        with self._tx() as c:
+            c.execute("DELETE FROM nodes WHERE name = ?", (name,))
+            if state_changes:
+                c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in state_changes])
+            if version is not None:
+                c.execute(_SET_META, ("version", version))
+
+    def load_nodes(self) -> list[Node]:
+        """Every stored node, in the order first stored."""
+        with self._lock:
+            rows = self._conn.execute("SELECT spec FROM nodes ORDER BY rowid").fetchall()
+        out = []
+        for (spec,) in rows:
+            node = decode(spec)
+            if not isinstance(node, Node):
+                raise TypeError(f"{self.path}: a node row decodes to {type(node).__name__}, not Node")
+            out.append(node)
+        return out
+
+    # -- version ----------------------------------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        with self._tx() as c:
+            c.execute(_SET_META, ("version", version))
+
+    def load_version(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+        return 0 if row is None else int(row[0])

@@ -1,0 +1,53 @@
+"""Capacity across queues: guarantees, borrowing up to max_share, and who must give back.
+
+Shares are dominant shares of the cluster (held + in-flight usage). Picking the next queue:
+
+1. queues below their guarantee, smallest share/guarantee first;
+2. then queues that may borrow (share below max_share), smallest share first.
+
+A unit may not take its queue above max_share (max_share 1.0 is not enforced here: the whole
+cluster is the binder's limit, and a full cluster must still let priority preemption happen).
+A unit of a queue below its guarantee may reclaim from the queues above theirs (borrowing).
+"""
+
+from collections.abc import Sequence
+
+from gosched.common.config import QueueConfig
+
+EPS = 1e-9
+NOT_ELIGIBLE = float("inf")
+
+
+class CapacityPlanner:
+    __slots__ = ("guarantees", "max_shares", "names")
+
+    def __init__(self, queues: Sequence[QueueConfig]) -> None:
+        self.names = [q.name for q in queues]
+        self.guarantees = [q.guarantee for q in queues]
+        self.max_shares = [q.max_share for q in queues]
+
+    def rank(self, i: int, share: float) -> float:
+        """Order key of queue i at `share` (smaller first); NOT_ELIGIBLE when it may not take more.
+
+        Keys below -1 are queues under their guarantee (share/guarantee - 2), the rest borrow.
+        """
+        g = self.guarantees[i]
+        if share < g - EPS:
+            return share / g - 2.0
+        if self.max_shares[i] >= 1.0 or share < self.max_shares[i] - EPS:
+            return share
+        return NOT_ELIGIBLE
+
+    def below_guarantee(self, i: int, share: float) -> bool:
+        return share < self.guarantees[i] - EPS
+
+    def fits(self, i: int, share_after: float) -> bool:
+        """May queue i reach `share_after`?"""
+        m = self.max_shares[i]
+        return m >= 1.0 or share_after <= m + EPS
+
+    def borrowing(self, shares: Sequence[float]) -> frozenset[str]:
+        """Queues above their guarantee: their preemptible tasks may be reclaimed."""
+        return frozenset(
+            n for n, s, g in zip(self.names, shares, self.guarantees, strict=True) if s > g + EPS
+        )

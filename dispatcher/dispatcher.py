@@ -1,0 +1,635 @@
+"""The dispatcher: admits jobs, orders them by queue policy and capacity, and feeds the shards.
+
+Flow of one job:
+
+    submit -> admission -> store -> its queue
+    next_batches: queue -> Unit (its pending tasks) -> least-loaded shard      tasks pending -> scheduled
+    on_reply: accepted -> bound (usage counted); rejected -> pending, requeued at once
+    on_unschedulable: -> pending, parked with exponential backoff, diagnosis kept for explain()
+    eviction / release: bound -> preempted -> pending (requeued) or -> a final state
+
+A job has at most one unit in flight. Tasks that become pending while it is out (an eviction of
+one of its bound tasks) wait until that unit is answered, then the job is queued again for all of
+its pending tasks. Units answered for attempts that are no longer current are ignored.
+
+Usage for capacity and fairness is held + in-flight, so a round of dispatching sees its own units.
+Hot path (next_batches, on_reply): per unit a few dict and heap operations, no scans of jobs.
+"""
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+
+from gosched.common.config import Settings
+from gosched.common.errors import SpecError
+from gosched.common.job import Job, split_task_id, task_id
+from gosched.common.messages import BindReply, Unit, UnitBatch, Unschedulable
+from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
+from gosched.dispatcher.admission import AdmissionController
+from gosched.dispatcher.capacity import NOT_ELIGIBLE, CapacityPlanner
+from gosched.dispatcher.partition import Partitioner
+from gosched.dispatcher.queues import PolicyQueue, make_queue
+from gosched.dispatcher.records import JobRecord, Where
+from gosched.dispatcher.store import JobStore
+from gosched.dispatcher.usage import UsageTracker
+
+PENDING = TaskState.PENDING
+SCHEDULED = TaskState.SCHEDULED
+BOUND = TaskState.BOUND
+PREEMPTED = TaskState.PREEMPTED
+CANCELLED = TaskState.CANCELLED
+NO_RECLAIM: frozenset[str] = frozenset()
+
+# next_batches moves tasks pending -> scheduled without a per-task check; the edge must stay legal.
+assert SCHEDULED in LEGAL[PENDING]
+
+# The task states the dispatcher writes to the store. The binder commits the rest (bound with its
+# node and GPUs, preempted, and the ends of tasks it releases); writing those here as well would
+# only repeat its rows, or overwrite a newer one with a late reply.
+PERSISTED = frozenset({PENDING, SCHEDULED, CANCELLED})
+
+Updates = list[tuple[str, TaskState]]
+
+
+class Dispatcher:
+    def __init__(
+        self, settings: Settings, *, store: JobStore | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.usage = UsageTracker()
+        self.admission = AdmissionController(settings.admission, clock)
+        self.partitions = Partitioner(settings.shards)
+        self.capacity = CapacityPlanner(settings.queues)
+        self._queue_index = {q.name: i for i, q in enumerate(settings.queues)}
+        self._queues: list[PolicyQueue[JobRecord]] = [make_queue(q, self.usage) for q in settings.queues]
+        self._jobs: dict[str, JobRecord] = {}
+        self._submissions: dict[str, str] = {}
+        self._seq = 0
+        self._parked: list[tuple[float, int, JobRecord]] = []  # (ready_at, park token, record)
+        self._park_seq = 0
+        self._shard_load: list[int] = []  # units in flight per shard
+        self._inflight_by_shard: list[dict[str, JobRecord]] = []
+        self._waiting = 0  # jobs queued or parked
+        self._inflight = 0  # units in flight
+        self._ensure_shards(self.partitions.shards)
+
+    # -- submission ---------------------------------------------------------------------------------
+    def submit(self, job: Job) -> str:
+        """Admit and queue one job; returns its id (the existing one for a repeated submission_id)."""
+        return self.submit_many([job])[0]
+
+    def submit_many(self, jobs: Sequence[Job]) -> list[str]:
+        """Admit and queue jobs, all or none, with one store call. Returns their ids in order.
+
+        Raises SpecError for an invalid job and AdmissionRejected when a limit is hit; in both cases
+        nothing is stored or queued.
+        """
+        now = self.clock()
+        ids: list[str] = []
+        new: list[Job] = []
+        batch_subs: dict[str, str] = {}
+        batch_ids: set[str] = set()
+        for job in jobs:
+            self._validate(job)
+            sid = job.submission_id
+            if sid:
+                existing = self._submissions.get(sid) or batch_subs.get(sid)
+                if existing is None and self.store is not None:
+                    existing = self.store.find_submission(sid)
+                if existing is not None:
+                    ids.append(existing)
+                    continue
+                batch_subs[sid] = job.id
+            if job.id in self._jobs or job.id in batch_ids:
+                raise SpecError("id", f"job id {job.id!r} already exists")
+            batch_ids.add(job.id)
+            if not job.submit_time:
+                job = replace(job, submit_time=now)
+            new.append(job)
+            ids.append(job.id)
+        if not new:
+            return ids
+        self.admission.admit((j.tenant for j in new), self._waiting + self._inflight)
+        if self.store is not None:
+            self.store.add_jobs(new)
+        for job in new:
+            self._register(job, [PENDING] * job.total_replicas)
+        return ids
+
+    def _validate(self, job: Job) -> None:
+        if job.queue not in self._queue_index:
+            known = ", ".join(sorted(self._queue_index))
+            raise SpecError("queue", f"job {job.id}: unknown queue {job.queue!r} (known: {known})")
+        total = job.total_replicas
+        if total < 1:
+            raise SpecError("groups", f"job {job.id}: has no tasks")
+        if not 1 <= job.min_member <= total:
+            raise SpecError("min_member", f"job {job.id}: min_member {job.min_member} not in 1..{total}")
+
+    def _register(self, job: Job, states: list[TaskState]) -> JobRecord:
+        self._seq += 1
+        rec = JobRecord(job, self._seq, self._queue_index[job.queue], states)
+        self._jobs[job.id] = rec
+        if job.submission_id:
+            self._submissions[job.submission_id] = job.id
+        if rec.n_pending and not rec.cancelled:
+            self._enqueue(rec)
+        return rec
+
+    # -- dispatching ---------------------------------------------------------------------------------
+    def next_batches(
+        self, shard_loads: Sequence[int] | None = None, max_units: int | None = None
+    ) -> list[UnitBatch]:
+        """Take ready units in policy and capacity order and give each to the least-loaded shard.
+
+        `shard_loads` (one number per shard) replaces the dispatcher's own count of units in flight
+        per shard as the load; at most settings.batch_size units go to one shard per call, and at
+        most `max_units` in all.
+        """
+        now = self.clock()
+        if self._parked:
+            self._release_parked(now)
+        n_shards = self.partitions.shards
+        self._ensure_shards(n_shards)
+        if shard_loads is None:
+            base = self._shard_load[:n_shards]
+        else:
+            if len(shard_loads) != n_shards:
+                raise ValueError(f"shard_loads has {len(shard_loads)} entries for {n_shards} shards")
+            base = list(shard_loads)
+        if not self._waiting:
+            return []
+        per_shard_cap = self.settings.batch_size
+        limit = n_shards * per_shard_cap if max_units is None else max_units
+        heap = [(load, s) for s, load in enumerate(base)]
+        heapq.heapify(heap)
+        batches: list[list[Unit]] = [[] for _ in range(n_shards)]
+
+        usage = self.usage
+        cap = self.capacity
+        queues = self._queues
+        names = cap.names
+        nq = len(queues)
+        shares = [usage.queue_share(n) for n in names]
+        blocked = [False] * nq
+        enforce_max = usage.has_capacity
+        store = self.store
+        updates: Updates = []
+        n = 0
+        while n < limit and heap:
+            # -- which queue: below guarantee first, then borrowers by share
+            best, best_key = -1, NOT_ELIGIBLE
+            for i in range(nq):
+                if blocked[i] or not queues[i]:
+                    continue
+                key = cap.rank(i, shares[i])
+                if key == NOT_ELIGIBLE:
+                    blocked[i] = True
+                elif key < best_key:
+                    best, best_key = i, key
+            if best < 0:
+                break
+            pq = queues[best]
+            rec = pq.peek()
+            if rec is None:
+                blocked[best] = True
+                continue
+            if not rec.n_pending or rec.cancelled:
+                pq.pop()
+                rec.where = Where.NONE
+                self._waiting -= 1
+                continue
+            idx = rec.pending_indexes()
+            cpu, mem, gpu = rec.cost_of(idx)
+            if enforce_max:
+                after = usage.queue_share_after(rec.queue, cpu, mem, gpu)
+                if not cap.fits(best, after):
+                    blocked[best] = True  # head-of-line: the queue waits for its usage to fall
+                    continue
+            pq.pop()
+            reclaim = cap.borrowing(shares) if cap.below_guarantee(best, shares[best]) else NO_RECLAIM
+
+            # -- which shard: least loaded; a retry avoids its last shard when loads tie
+            load, s = heapq.heappop(heap)
+            if s == rec.last_shard and heap and heap[0][0] == load:
+                load, s = heapq.heapreplace(heap, (load, s))
+            batches[s].append(self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, now, updates))
+            if len(batches[s]) < per_shard_cap:
+                heapq.heappush(heap, (load + 1, s))
+            shares[best] = usage.queue_share(rec.queue)
+            n += 1
+        if store is not None and updates:
+            store.set_task_states(updates)
+        return [UnitBatch(s, units) for s, units in enumerate(batches) if units]
+
+    def _dispatch(
+        self,
+        rec: JobRecord,
+        idx: tuple[int, ...],
+        cost: tuple[int, int, int],
+        shard: int,
+        reclaim: frozenset[str],
+        now: float,
+        updates: Updates,
+    ) -> Unit:
+        states = rec.states
+        for i in idx:
+            states[i] = SCHEDULED
+        count = len(idx)
+        rec.n_pending -= count
+        rec.n_scheduled += count
+        rec.attempt = rec.dispatches
+        rec.dispatches += 1
+        rec.unsched = False
+        rec.where = Where.INFLIGHT
+        rec.shard = rec.last_shard = shard
+        self._inflight_by_shard[shard][rec.job_id] = rec
+        self._shard_load[shard] += 1
+        self._waiting -= 1
+        self._inflight += 1
+        self.usage.add_inflight(rec.queue, rec.tenant, *cost)
+        if self.store is not None:
+            jid = rec.job_id
+            updates.extend((task_id(jid, i), SCHEDULED) for i in idx)
+        held = rec.n_held
+        need = rec.job.min_member - held if held < rec.job.min_member else 1
+        return Unit(rec.job, idx, min(max(1, need), count), rec.attempt, reclaim, now)
+
+    # -- answers ---------------------------------------------------------------------------------------
+    def on_reply(self, reply: BindReply) -> list[str]:
+        """Take the binder's verdicts and evictions. Returns task ids bound for jobs or tasks that
+        were cancelled meanwhile (or are unknown): the caller should release them."""
+        now = self.clock()
+        updates: Updates = []
+        orphans: list[str] = []
+        jobs = self._jobs
+        for acc in reply.accepted:
+            rec = jobs.get(acc.job_id)
+            if rec is None:
+                orphans.extend(task_id(acc.job_id, p.task_index) for p in acc.placements)
+                continue
+            states = rec.states
+            changes: list[tuple[int, TaskState]] = []
+            for p in acc.placements:
+                st = states[p.task_index]
+                if st is SCHEDULED or st is PENDING:
+                    changes.append((p.task_index, BOUND))
+                elif st not in HOLDS_RESOURCES:
+                    orphans.append(task_id(rec.job_id, p.task_index))
+            self._apply(rec, changes, updates)
+            if rec.where is Where.INFLIGHT:
+                if rec.n_scheduled:
+                    # tasks of the unit that the shard did not place: it could not fit them
+                    self._apply(rec, [(i, PENDING) for i in rec.indexes_in(SCHEDULED)], updates)
+                    rec.unsched = True
+                if not rec.unsched:
+                    rec.failures = 0
+                self._resolve(rec, now, backoff=rec.unsched)
+        for rej in reply.rejected:
+            rec = jobs.get(rej.job_id)
+            if rec is None or rec.where is not Where.INFLIGHT:
+                continue
+            rec.note = f"attempt {rec.attempt} rejected by the binder ({rej.stage}): {rej.reason}"
+            self._apply(rec, [(i, PENDING) for i in rec.indexes_in(SCHEDULED)], updates)
+            self._resolve(rec, now, backoff=False)
+        for ev in reply.evicted:
+            rec = jobs.get(ev.job_id)
+            if rec is None or rec.states[ev.task_index] not in HOLDS_RESOURCES:
+                continue
+            then = CANCELLED if rec.cancelled else PENDING
+            self._apply(rec, [(ev.task_index, PREEMPTED), (ev.task_index, then)], updates)
+            rec.note = f"task {ev.task_index} preempted by {ev.preemptor or 'a gang break'}"
+            self._requeue_if_idle(rec)
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+        return orphans
+
+    def on_unschedulable(self, items: Sequence[Unschedulable]) -> None:
+        """Tasks a shard could not place: back to pending; the job retries after a backoff."""
+        now = self.clock()
+        updates: Updates = []
+        for item in items:
+            rec = self._jobs.get(item.job_id)
+            if rec is None:
+                continue
+            rec.diagnosis = item.diagnosis
+            if rec.where is not Where.INFLIGHT or item.attempt != rec.attempt:
+                continue  # an answer for an attempt that is no longer out
+            states = rec.states
+            self._apply(rec, [(i, PENDING) for i in item.task_indexes if states[i] is SCHEDULED], updates)
+            rec.unsched = True
+            if not rec.n_scheduled:
+                self._resolve(rec, now, backoff=True)
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+
+    def on_released(self, task_ids: Iterable[str], final_state: TaskState) -> None:
+        """Tasks that stopped holding resources: finished (succeeded, failed, cancelled), or back to
+        pending (PENDING: node lost; PREEMPTED: evicted) and then queued again."""
+        updates: Updates = []
+        for tid in task_ids:
+            job_id, index = split_task_id(tid)
+            rec = self._jobs.get(job_id)
+            if rec is None:
+                continue
+            current = rec.states[index]
+            if current is final_state:
+                continue
+            if final_state is PREEMPTED or final_state is PENDING:
+                if current in TERMINAL:
+                    continue
+                then = CANCELLED if rec.cancelled else PENDING
+                steps = [(index, PREEMPTED), (index, then)] if final_state is PREEMPTED else [(index, then)]
+                self._apply(rec, steps, updates)
+                self._requeue_if_idle(rec)
+            else:
+                if current in TERMINAL:
+                    continue
+                self._apply(rec, [(index, final_state)], updates)
+                if rec.where is Where.INFLIGHT and not rec.n_scheduled:
+                    self._resolve(rec, self.clock(), backoff=False)
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+
+    def cancel(self, job_id: str) -> list[str]:
+        """Cancel a job: every task not yet finished becomes cancelled now and leaves usage.
+
+        Returns the ids of the tasks that were holding resources: the caller frees them at the
+        binder (a later on_released for them is a no-op). Cancelling twice returns [] the second time.
+        """
+        rec = self._jobs[job_id]
+        if rec.cancelled:
+            return []
+        rec.cancelled = True
+        if rec.where is Where.QUEUED:
+            self._queues[rec.qi].remove(job_id)
+            self._waiting -= 1
+            rec.where = Where.NONE
+        elif rec.where is Where.PARKED:
+            rec.park_token = -1
+            self._waiting -= 1
+            rec.where = Where.NONE
+        holding = [i for i, s in enumerate(rec.states) if s in HOLDS_RESOURCES]
+        updates: Updates = []
+        self._apply(rec, [(i, CANCELLED) for i, s in enumerate(rec.states) if s not in TERMINAL], updates)
+        if rec.where is Where.INFLIGHT:
+            self._resolve(rec, self.clock(), backoff=False)
+        rec.note = "cancelled"
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+        return [task_id(job_id, i) for i in holding]
+
+    def requeue_in_flight(self, shard_id: int) -> int:
+        """Take back every unit in flight at a shard that is gone; they are queued again at once.
+
+        Only for a shard whose proposals can no longer reach the binder. Returns the units taken back.
+        """
+        if shard_id >= len(self._inflight_by_shard):
+            return 0
+        now = self.clock()
+        updates: Updates = []
+        recs = list(self._inflight_by_shard[shard_id].values())
+        for rec in recs:
+            self._apply(rec, [(i, PENDING) for i in rec.indexes_in(SCHEDULED)], updates)
+            rec.note = f"attempt {rec.attempt} taken back from shard {shard_id}"
+            self._resolve(rec, now, backoff=False)
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+        return len(recs)
+
+    # -- state bookkeeping -----------------------------------------------------------------------------
+    def _apply(self, rec: JobRecord, changes: Iterable[tuple[int, TaskState]], updates: Updates) -> None:
+        """Move tasks of one job through legal transitions, keeping counts and usage in step."""
+        states = rec.states
+        held = [0, 0, 0]
+        infl = [0, 0, 0]
+        store = self.store is not None
+        for i, new in changes:
+            old = states[i]
+            if new not in LEGAL[old]:
+                check_transition(task_id(rec.job_id, i), old, new)
+            states[i] = new
+            c = rec.cost(i)
+            if old is PENDING:
+                rec.n_pending -= 1
+            elif old is SCHEDULED:
+                rec.n_scheduled -= 1
+                infl[0] -= c[0]
+                infl[1] -= c[1]
+                infl[2] -= c[2]
+            elif old in HOLDS_RESOURCES:
+                rec.n_held -= 1
+                held[0] -= c[0]
+                held[1] -= c[1]
+                held[2] -= c[2]
+            if new is PENDING:
+                rec.n_pending += 1
+            elif new is SCHEDULED:
+                rec.n_scheduled += 1
+                infl[0] += c[0]
+                infl[1] += c[1]
+                infl[2] += c[2]
+            elif new in HOLDS_RESOURCES:
+                rec.n_held += 1
+                held[0] += c[0]
+                held[1] += c[1]
+                held[2] += c[2]
+            if store and new in PERSISTED:
+                updates.append((task_id(rec.job_id, i), new))
+        if held == [-x for x in infl]:
+            if any(held):
+                self.usage.commit(rec.queue, rec.tenant, *held)
+            return
+        if any(held):
+            self.usage.add_held(rec.queue, rec.tenant, *held)
+        if any(infl):
+            self.usage.add_inflight(rec.queue, rec.tenant, *infl)
+
+    def _resolve(self, rec: JobRecord, now: float, *, backoff: bool) -> None:
+        """The unit in flight has been answered in full: clear it and queue the job again if needed."""
+        if rec.where is not Where.INFLIGHT:
+            return
+        s = rec.shard
+        if s < len(self._shard_load):
+            self._shard_load[s] -= 1
+            self._inflight_by_shard[s].pop(rec.job_id, None)
+        self._inflight -= 1
+        rec.where = Where.NONE
+        rec.shard = -1
+        if rec.cancelled or not rec.n_pending:
+            return
+        if backoff:
+            rec.failures += 1
+            delay = backoff_delay(
+                self.settings.retry_backoff_s, self.settings.retry_backoff_max_s, rec.failures
+            )
+            if delay > 0:
+                self._park(rec, now + delay)
+                return
+        self._enqueue(rec)
+
+    def _requeue_if_idle(self, rec: JobRecord) -> None:
+        if rec.where is Where.NONE and rec.n_pending and not rec.cancelled:
+            self._enqueue(rec)
+
+    def _enqueue(self, rec: JobRecord) -> None:
+        rec.where = Where.QUEUED
+        self._queues[rec.qi].push(rec)
+        self._waiting += 1
+
+    def _park(self, rec: JobRecord, ready_at: float) -> None:
+        self._park_seq += 1
+        rec.where = Where.PARKED
+        rec.ready_at = ready_at
+        rec.park_token = self._park_seq
+        heapq.heappush(self._parked, (ready_at, self._park_seq, rec))
+        self._waiting += 1
+
+    def _release_parked(self, now: float) -> None:
+        parked = self._parked
+        while parked and parked[0][0] <= now:
+            _, token, rec = heapq.heappop(parked)
+            if rec.park_token != token or rec.where is not Where.PARKED:
+                continue
+            rec.where = Where.QUEUED
+            self._queues[rec.qi].push(rec)
+
+    def _ensure_shards(self, n: int) -> None:
+        while len(self._shard_load) < n:
+            self._shard_load.append(0)
+            self._inflight_by_shard.append({})
+
+    # -- restart -----------------------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Reload jobs from the store after a restart. Pending and scheduled tasks become pending and
+        are queued again; bound and running ones count in usage. Returns the jobs restored."""
+        if self.store is None:
+            return 0
+        loaded = sorted(self.store.load_jobs(), key=lambda item: item[0].submit_time)
+        updates: Updates = []
+        restored = 0
+        for job, rows in loaded:
+            if job.id in self._jobs or job.queue not in self._queue_index:
+                continue
+            states = [PENDING] * job.total_replicas
+            for index, state, _node, _gpus in rows:
+                if state is SCHEDULED or state is PREEMPTED:
+                    updates.append((task_id(job.id, index), PENDING))
+                    state = PENDING
+                states[index] = state
+            self._seq += 1
+            rec = JobRecord(job, self._seq, self._queue_index[job.queue], states)
+            rec.cancelled = CANCELLED in states
+            self._jobs[job.id] = rec
+            if job.submission_id:
+                self._submissions[job.submission_id] = job.id
+            if rec.n_held:
+                idx = tuple(i for i, s in enumerate(states) if s in HOLDS_RESOURCES)
+                self.usage.add_held(rec.queue, rec.tenant, *rec.cost_of(idx))
+            if rec.n_pending and not rec.cancelled:
+                self._enqueue(rec)
+            restored += 1
+        if updates:
+            self.store.set_task_states(updates)
+        return restored
+
+    # -- capacity -------------------------------------------------------------------------------------------
+    def set_cluster_capacity(self, cpu_milli: int, memory: int, gpu_milli: int) -> None:
+        """The cluster total that shares, guarantees and max_share are measured against."""
+        self.usage.set_capacity(cpu_milli, memory, gpu_milli)
+
+    def queue_shares(self) -> dict[str, float]:
+        """Dominant share of each queue (held + in flight)."""
+        return {n: self.usage.queue_share(n) for n in self.capacity.names}
+
+    # -- queries --------------------------------------------------------------------------------------------
+    def job_state(self, job_id: str) -> JobState:
+        rec = self._jobs[job_id]
+        states = rec.states
+        if rec.cancelled:
+            return JobState.CANCELLED
+        if all(s in TERMINAL for s in states):
+            if TaskState.FAILED in states:
+                return JobState.FAILED
+            if all(s is TaskState.SUCCEEDED for s in states):
+                return JobState.SUCCEEDED
+            return JobState.CANCELLED
+        done = sum(1 for s in states if s is TaskState.SUCCEEDED)
+        if rec.n_held and rec.n_held + done >= rec.job.min_member:
+            return JobState.RUNNING
+        return JobState.PENDING
+
+    def task_states(self, job_id: str) -> list[TaskState]:
+        return list(self._jobs[job_id].states)
+
+    def job(self, job_id: str) -> Job:
+        return self._jobs[job_id].job
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def pending_count(self) -> int:
+        """Jobs waiting for dispatch: queued, or backing off before a retry."""
+        return self._waiting
+
+    def waiting_count(self) -> int:
+        """Same as pending_count: jobs queued or backing off."""
+        return self._waiting
+
+    def in_flight_count(self) -> int:
+        """Units dispatched to shards and not yet answered."""
+        return self._inflight
+
+    def shard_loads(self) -> list[int]:
+        """Units in flight per shard."""
+        return self._shard_load[: self.partitions.shards]
+
+    def explain(self, job_id: str) -> str:
+        """Why the job is where it is: state, tasks, retry timing, last diagnosis or rejection."""
+        rec = self._jobs[job_id]
+        counts: dict[str, int] = {}
+        for s in rec.states:
+            counts[s.value] = counts.get(s.value, 0) + 1
+        tasks = ", ".join(f"{n} {state}" for state, n in counts.items())
+        state = self.job_state(job_id).value
+        lines = [f"job {job_id} (queue {rec.queue}, tenant {rec.tenant}): {state}; tasks: {tasks}"]
+        if rec.where is Where.PARKED:
+            wait = max(0.0, rec.ready_at - self.clock())
+            lines.append(f"backing off after {rec.failures} unschedulable attempt(s); retry in {wait:.3f}s")
+        elif rec.where is Where.INFLIGHT:
+            lines.append(f"attempt {rec.attempt} in flight at shard {rec.shard}")
+        elif rec.where is Where.QUEUED:
+            lines.append(f"queued, {rec.dispatches} attempt(s) so far")
+        if rec.where in (Where.QUEUED, Where.PARKED):
+            capacity = self._capacity_note(rec)
+            if capacity:
+                lines.append(capacity)
+        if rec.note:
+            lines.append(rec.note)
+        if rec.diagnosis is not None:
+            lines.append(f"last unschedulable: {rec.diagnosis.message()}")
+        return "\n".join(lines)
+
+    def _capacity_note(self, rec: JobRecord) -> str:
+        if not self.usage.has_capacity:
+            return ""
+        share = self.usage.queue_share(rec.queue)
+        after = self.usage.queue_share_after(rec.queue, *rec.cost_of(rec.pending_indexes()))
+        if self.capacity.fits(rec.qi, after):
+            return ""
+        return (
+            f"held back by capacity: queue {rec.queue} is at {share:.1%} of the cluster and this "
+            f"job's pending tasks would take it to {after:.1%}, above its max_share "
+            f"{self.capacity.max_shares[rec.qi]:.0%}"
+        )
+
+
+def backoff_delay(base: float, cap: float, failures: int) -> float:
+    """The wait after `failures` consecutive unschedulable attempts (0 for none)."""
+    if failures <= 0:
+        return 0.0
+    return min(cap, base * math.pow(2.0, min(failures - 1, 62)))

@@ -1,0 +1,12 @@
+"""FIFO: submission order. A requeued job keeps its place (its original sequence number)."""
+
+from typing import Any
+
+from gosched.dispatcher.queues.base import E, HeapQueue
+
+
+class FifoQueue(HeapQueue[E]):
+    __slots__ = ()
+
+    def key(self, entry: E) -> Any:
+        return entry.seq

@@ -1,0 +1,110 @@
+"""The dispatcher's per-job record: task states, counts, where the job is, and retry bookkeeping."""
+
+import enum
+
+from gosched.common.job import Job
+from gosched.common.messages import Diagnosis
+from gosched.common.states import HOLDS_RESOURCES, TaskState
+
+Cost = tuple[int, int, int]  # cpu milli, memory bytes, gpu milli
+
+
+class Where(enum.Enum):
+    NONE = "idle"  # nothing to dispatch (all placed, finished or cancelled)
+    QUEUED = "queued"  # in its queue, ready
+    PARKED = "backing off"  # waiting for its retry time
+    INFLIGHT = "in flight"  # one unit at a shard or the binder (at most one per job)
+
+
+class JobRecord:
+    """Everything the dispatcher knows about one job. It is also the entry the queues hold."""
+
+    __slots__ = (
+        "attempt",
+        "cancelled",
+        "costs",
+        "diagnosis",
+        "dispatches",
+        "failures",
+        "job",
+        "job_id",
+        "last_shard",
+        "n_held",
+        "n_pending",
+        "n_scheduled",
+        "note",
+        "park_token",
+        "qi",
+        "queue",
+        "ready_at",
+        "seq",
+        "shard",
+        "states",
+        "tenant",
+        "uniform",
+        "unsched",
+        "where",
+    )
+
+    def __init__(self, job: Job, seq: int, qi: int, states: list[TaskState]) -> None:
+        self.job = job
+        self.job_id = job.id
+        self.queue = job.queue
+        self.tenant = job.tenant
+        self.seq = seq
+        self.qi = qi
+        self.states = states
+        self.n_pending = sum(1 for s in states if s is TaskState.PENDING)
+        self.n_scheduled = sum(1 for s in states if s is TaskState.SCHEDULED)
+        self.n_held = sum(1 for s in states if s in HOLDS_RESOURCES)
+        groups = job.groups
+        if len(groups) == 1:
+            r = groups[0].resources
+            self.uniform: Cost | None = (r.cpu_milli, r.memory, r.gpu_total_milli)
+            self.costs: list[Cost] = []
+        else:
+            self.uniform = None
+            self.costs = [
+                (g.resources.cpu_milli, g.resources.memory, g.resources.gpu_total_milli)
+                for g in groups
+                for _ in range(g.replicas)
+            ]
+        self.where = Where.NONE
+        self.dispatches = 0  # units dispatched so far; the next unit's attempt number
+        self.attempt = -1  # attempt number of the unit in flight (or last dispatched)
+        self.failures = 0  # consecutive unschedulable results (drives the backoff)
+        self.unsched = False  # the unit in flight had tasks the shard could not place
+        self.shard = -1  # shard holding the unit in flight
+        self.last_shard = -1
+        self.ready_at = 0.0
+        self.park_token = 0
+        self.cancelled = False
+        self.diagnosis: Diagnosis | None = None
+        self.note = ""
+
+    def cost(self, index: int) -> Cost:
+        return self.uniform if self.uniform is not None else self.costs[index]
+
+    def cost_of(self, indexes: tuple[int, ...]) -> Cost:
+        if self.uniform is not None:
+            n = len(indexes)
+            c, m, g = self.uniform
+            return c * n, m * n, g * n
+        costs = self.costs
+        cpu = mem = gpu = 0
+        for i in indexes:
+            c, m, g = costs[i]
+            cpu += c
+            mem += m
+            gpu += g
+        return cpu, mem, gpu
+
+    def pending_indexes(self) -> tuple[int, ...]:
+        states = self.states
+        if len(states) == 1:
+            return (0,) if states[0] is TaskState.PENDING else ()
+        pending = TaskState.PENDING
+        return tuple(i for i, s in enumerate(states) if s is pending)
+
+    def indexes_in(self, state: TaskState) -> list[int]:
+        return [i for i, s in enumerate(self.states) if s is state]

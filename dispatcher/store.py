@@ -1,0 +1,63 @@
+"""What the dispatcher needs from persistent storage, and an in-memory implementation of it.
+
+`gosched.common.store.Store` (SQLite) fits `JobStore`; so does `MemoryStore`, which keeps the same
+data in dicts (for embedding and tests). The dispatcher also runs with no store at all.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gosched.common.job import Job, split_task_id
+from gosched.common.states import TaskState
+
+# (task index, state, node name or None, GPU assignment)
+TaskRow = tuple[int, TaskState, str | None, tuple[Any, ...]]
+
+
+class JobStore(Protocol):
+    def add_jobs(self, jobs: Sequence[Job]) -> object:
+        """Persist new jobs, their tasks pending."""
+
+    def find_submission(self, submission_id: str) -> str | None:
+        """The id of the job stored under this submission id, if any."""
+
+    def set_task_states(self, updates: Sequence[tuple[str, TaskState]]) -> object:
+        """Persist task states, keyed by task id ("job/index")."""
+
+    def load_jobs(self) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
+        """Every stored job with its tasks, in submission order."""
+
+
+class MemoryStore:
+    """A JobStore in dicts: same contract as the SQLite store, lost on exit."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.states: dict[str, list[TaskState]] = {}
+        self.submissions: dict[str, str] = {}
+        self.calls: dict[str, int] = {"add_jobs": 0, "set_task_states": 0}
+
+    def add_jobs(self, jobs: Sequence[Job]) -> None:
+        self.calls["add_jobs"] += 1
+        for job in jobs:
+            if job.id in self.jobs:
+                raise ValueError(f"job {job.id} is already stored")
+        for job in jobs:
+            self.jobs[job.id] = job
+            self.states[job.id] = [TaskState.PENDING] * job.total_replicas
+            if job.submission_id:
+                self.submissions[job.submission_id] = job.id
+
+    def find_submission(self, submission_id: str) -> str | None:
+        return self.submissions.get(submission_id)
+
+    def set_task_states(self, updates: Sequence[tuple[str, TaskState]]) -> None:
+        self.calls["set_task_states"] += 1
+        for tid, state in updates:
+            job_id, index = split_task_id(tid)
+            self.states[job_id][index] = state
+
+    def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
+        return [
+            (job, [(i, s, None, ()) for i, s in enumerate(self.states[job.id])]) for job in self.jobs.values()
+        ]

@@ -1,0 +1,65 @@
+"""Simulated nodes and workloads for tests, benchmarks and the local demo."""
+
+import random
+from collections.abc import Iterator
+
+from gosched.common.job import Job, TaskGroup
+from gosched.common.node import Node, make_node
+from gosched.common.resources import ResourceRequest
+
+GiB = 2**30
+
+
+def sim_nodes(count: int, *, gpu_every: int = 4, prefix: str = "sim", zones: int = 4) -> list[Node]:
+    """`count` nodes: CPU nodes (32 cores, 128 GiB) and, one in `gpu_every`, 8-GPU nodes with NUMA/NVLink."""
+    nodes = []
+    for i in range(count):
+        labels = {"zone": f"z{i % zones}", "node-type": "cpu"}
+        if gpu_every and i % gpu_every == 0:
+            labels["node-type"] = "gpu"
+            nodes.append(
+                make_node(
+                    f"{prefix}-{i:05d}",
+                    96_000,
+                    768 * GiB,
+                    gpus=8,
+                    gpu_model="A100",
+                    gpu_memory_mib=81_920,
+                    labels=labels,
+                    numa_nodes=2,
+                    nvlink_pairs=True,
+                )
+            )
+        else:
+            nodes.append(make_node(f"{prefix}-{i:05d}", 32_000, 128 * GiB, labels=labels))
+    return nodes
+
+
+def basic_jobs(count: int, *, prefix: str = "job", cpu_milli: int = 500, memory: int = GiB, start: int = 0) -> list[Job]:
+    """SchedulingBasic-style single-task jobs with identical requests (kube scheduler_perf's shape)."""
+    group = TaskGroup(
+        role="main",
+        replicas=1,
+        resources=ResourceRequest(cpu_milli=cpu_milli, memory=memory),
+        command=("sleep", "60"),
+    )
+    groups = (group,)
+    return [Job(id=f"{prefix}-{i}", groups=groups) for i in range(start, start + count)]
+
+
+def mixed_jobs(count: int, *, seed: int = 0, prefix: str = "mix") -> Iterator[Job]:
+    """A GPU-heavy mix: CPU tasks, GPU shares, 1/2/4/8-GPU tasks and small gangs."""
+    rng = random.Random(seed)
+    for i in range(count):
+        kind = rng.random()
+        if kind < 0.4:
+            req = ResourceRequest(cpu_milli=rng.choice([500, 1000, 2000]), memory=rng.choice([1, 2, 4]) * GiB)
+            replicas = 1
+        elif kind < 0.6:
+            req = ResourceRequest(cpu_milli=1000, memory=4 * GiB, gpu_milli=rng.choice([250, 500]))
+            replicas = 1
+        else:
+            req = ResourceRequest(cpu_milli=4000, memory=32 * GiB, gpus=rng.choice([1, 1, 2, 4, 8]))
+            replicas = rng.choice([1, 1, 2, 4])
+        group = TaskGroup(role="main", replicas=replicas, resources=req, command=("sleep", "60"))
+        yield Job(id=f"{prefix}-{i}", groups=(group,), min_member=replicas, priority=rng.randint(0, 100))

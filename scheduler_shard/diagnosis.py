@@ -1,0 +1,36 @@
+"""Why a task fits nowhere: each filter's count of the nodes it was first to rule out."""
+
+import numpy as np
+
+from gosched.common.cluster_state import ClusterArrays
+from gosched.common.messages import Diagnosis
+from gosched.scheduler_shard.framework.profile import Profile
+from gosched.scheduler_shard.framework.task_class import TaskClass
+from gosched.scheduler_shard.unit_context import UnitContext
+
+
+def diagnose(profile: Profile, tc: TaskClass, state: ClusterArrays, ctx: UnitContext, note: str = "") -> Diagnosis:
+    alive = state.alive[: state.n].copy()
+    remaining = alive.copy()
+    counts: dict[str, int] = {}
+    rows = slice(0, state.n)
+    for f in profile.filters:
+        if not f.relevant(tc, state):
+            continue
+        for reason, ruled_out in f.explain(tc, state, rows):
+            hit = ruled_out & remaining
+            if hit.any():
+                counts[reason] = counts.get(reason, 0) + int(hit.sum())
+                remaining &= ~hit
+    for uf in profile.unit_filters:
+        if uf.relevant(tc):
+            excluded = uf.excluded(tc, ctx, state)
+            if excluded is not None:
+                hit = excluded & remaining
+                if hit.any():
+                    counts[uf.reason] = counts.get(uf.reason, 0) + int(hit.sum())
+                    remaining &= ~hit
+    if remaining.any():
+        # Nodes that pass each filter alone but not the unit as a whole (the gang did not fit).
+        counts["gang does not fit together"] = int(np.count_nonzero(remaining))
+    return Diagnosis(total_nodes=int(alive.sum()), ruled_out=counts, note=note)

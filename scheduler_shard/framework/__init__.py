@@ -1,0 +1,1 @@
+"""The shard's plugin framework: Status, plugin protocols, the registry and profiles."""

@@ -1,0 +1,120 @@
+"""Plugin kinds of the two-level framework.
+
+Unit level: Locating (which node sets to try, in order) and Grouping (split a node set into
+topology domains for a gang). Task level: Filter and Score, vectorised over node rows. Preemption:
+VictimSearching (who may be evicted) and CandidateSorting (which node's victims to take).
+
+Filters and scores work on many rows at once and must depend only on the rows they are given, so
+a cached result can be refreshed row by row. A score is normalised by its plugin to [0, 100]
+against a fixed scale (never the observed max), which keeps that property; the profile weights it.
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.messages import Unit
+from gosched.scheduler_shard.framework.task_class import TaskClass
+
+if TYPE_CHECKING:
+    from gosched.scheduler_shard.unit_context import UnitContext
+
+Rows = npt.NDArray[np.int64] | slice
+Mask = npt.NDArray[np.bool_]
+Scores = npt.NDArray[np.float64]
+
+
+class FilterPlugin:
+    name = ""
+    reason = ""  # what a ruled-out node is told, e.g. "insufficient GPU"
+    dynamic = False  # True: depends on usage, refreshed per changed row; False: node metadata only
+    # Preemption cannot make a node pass an unresolvable filter (selectors, taints, models).
+    resolvable_by_preemption = False
+
+    def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
+        return True
+
+    def filter(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
+        raise NotImplementedError
+
+    def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
+        """(reason, rows it rules out) pairs; by default one reason for the whole filter."""
+        return [(self.reason, ~self.filter(tc, state, rows))]
+
+
+class ScorePlugin:
+    name = ""
+    dynamic = False
+
+    def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
+        return True
+
+    def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
+        raise NotImplementedError
+
+
+class UnitFilterPlugin:
+    """A filter that depends on where the unit's own tasks (and others' residents) already are."""
+
+    name = ""
+    reason = ""
+
+    def relevant(self, tc: TaskClass) -> bool:
+        return True
+
+    def excluded(self, tc: TaskClass, ctx: "UnitContext", state: ClusterArrays) -> Mask | None:
+        """Mask over all rows of nodes this task must avoid, or None for none."""
+        raise NotImplementedError
+
+
+class LocatingPlugin:
+    name = ""
+
+    def locate(self, unit: Unit, own_rows: npt.NDArray[np.int64] | None, state: ClusterArrays) -> list[Mask | None]:
+        """Node sets (row masks; None = every node) to try in order."""
+        raise NotImplementedError
+
+
+class GroupingPlugin:
+    name = ""
+
+    def groups(self, unit: Unit, state: ClusterArrays) -> list[Mask] | None:
+        """Topology domains to try the whole gang in, best first; None when not applicable."""
+        raise NotImplementedError
+
+
+class VictimSearchingPlugin:
+    name = ""
+
+    def eligible(self, unit: Unit, victim: Resident) -> bool:
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A node on which the task fits once `victims` are gone."""
+
+    row: int
+    victims: list[Resident]
+
+    @property
+    def max_priority(self) -> int:
+        return max((v.priority for v in self.victims), default=-(2**62))
+
+    @property
+    def priority_sum(self) -> int:
+        return sum(v.priority for v in self.victims)
+
+    @property
+    def earliest_start(self) -> float:
+        return min((v.start_time for v in self.victims), default=float("inf"))
+
+
+class CandidateSortingPlugin:
+    name = ""
+
+    def sort(self, candidates: list[Candidate]) -> list[Candidate]:
+        raise NotImplementedError

@@ -1,0 +1,139 @@
+"""Places one unit (a gang) on the shard's view: all-or-nothing up to its min_needed.
+
+Order: each node set from the Locating plugins (own partition, then all), each topology domain
+from the Grouping plugins; then, if nothing fits, the same with preemption. A failed attempt is
+rolled back so it leaves no trace in the view.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.messages import Diagnosis, Placement, Unit, Unschedulable
+from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache
+from gosched.scheduler_shard.diagnosis import diagnose
+from gosched.scheduler_shard.framework.interfaces import Mask
+from gosched.scheduler_shard.framework.profile import Profile
+from gosched.scheduler_shard.gpu_assign import choose_gpus
+from gosched.scheduler_shard.preemption import find_candidate
+from gosched.scheduler_shard.unit_context import UnitContext
+
+
+class Placer:
+    def __init__(self, profile: Profile, cache: ClassCache, clock: Callable[[], float]) -> None:
+        self.profile = profile
+        self.cache = cache
+        self.clock = clock
+
+    def schedule_unit(
+        self, unit: Unit, state: ClusterArrays, own_rows: npt.NDArray[np.int64] | None
+    ) -> tuple[UnitContext | None, Unschedulable | None]:
+        """A context holding the assumed placements (or None), and what could not be placed."""
+        ctx = UnitContext(unit)
+        self._diagnosis: Diagnosis | None = None
+        locations: list[Mask | None] = [None]
+        if self.profile.locating:
+            locations = self.profile.locating[0].locate(unit, own_rows, state)
+        domains: list[Mask | None] = [None]
+        for grouping in self.profile.grouping:
+            found = grouping.groups(unit, state)
+            if found is not None:
+                domains = list(found)
+                break
+        for location in locations:
+            for domain in domains:
+                unplaced = self._try(ctx, state, _both(location, domain), preempt=False)
+                if len(ctx.placements) >= unit.min_needed:
+                    return ctx, self._leftover(ctx, state, unplaced)
+                ctx.rollback(state)
+        if self.profile.preemption and self.profile.victim_searching:
+            for domain in domains:
+                unplaced = self._try(ctx, state, domain, preempt=True)
+                if len(ctx.placements) >= unit.min_needed:
+                    return ctx, self._leftover(ctx, state, unplaced)
+                ctx.rollback(state)
+        return None, self._unschedulable(ctx, state, list(unit.task_indexes))
+
+    def _try(self, ctx: UnitContext, state: ClusterArrays, allowed: Mask | None, preempt: bool) -> list[int]:
+        unit = ctx.unit
+        job = unit.job
+        indexes = _largest_first(unit)
+        need = unit.min_needed
+        now = self.clock()
+        unplaced: list[int] = []
+        unit_filters = self.profile.unit_filters
+        for pos, idx in enumerate(indexes):
+            if len(ctx.placements) + (len(indexes) - pos) < need:
+                unplaced.extend(indexes[pos:])  # the gang can no longer reach min_needed
+                break
+            group = job.group_of(idx)
+            entry = self.cache.entry(group, state)
+            eff = entry.eff
+            if unit_filters:
+                for uf in unit_filters:
+                    if uf.relevant(entry.tc):
+                        excluded = uf.excluded(entry.tc, ctx, state)
+                        if excluded is not None:
+                            eff = np.where(excluded, NEG_INF, eff)
+            if allowed is not None:
+                eff = np.where(allowed, eff, NEG_INF)
+            row = int(eff.argmax())
+            victims: tuple[str, ...] = ()
+            if eff[row] == NEG_INF:
+                if self._diagnosis is None:
+                    # Diagnose while the attempt's own placements are still in the view.
+                    note = f"gang needs {need} of {len(indexes)} tasks" if need > 1 else ""
+                    self._diagnosis = diagnose(self.profile, entry.tc, state, ctx, note)
+                if not preempt:
+                    unplaced.append(idx)
+                    continue
+                candidate = find_candidate(self.profile, entry, state, ctx, allowed)
+                if candidate is None:
+                    unplaced.append(idx)
+                    continue
+                for victim in candidate.victims:
+                    ctx.evict(state, victim)
+                row, victims = candidate.row, tuple(v.task_id for v in candidate.victims)
+            gpus = choose_gpus(entry.tc, state, row)
+            if gpus is None:
+                unplaced.append(idx)
+                continue
+            node = state.nodes[row]
+            assert node is not None
+            ctx.place(state, row, Resident.for_task(job, idx, gpus, now), Placement(idx, node.name, gpus, victims))
+        return unplaced
+
+    def _leftover(self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int]) -> Unschedulable | None:
+        return self._unschedulable(ctx, state, unplaced) if unplaced else None
+
+    def _unschedulable(self, ctx: UnitContext, state: ClusterArrays, indexes: list[int]) -> Unschedulable:
+        unit = ctx.unit
+        diagnosis = self._diagnosis
+        if diagnosis is None:  # the gang ran out of tasks before any one failed to fit
+            tc = self.cache.entry(unit.job.group_of(indexes[0]), state).tc
+            note = f"gang needs {unit.min_needed} of {len(unit.task_indexes)} tasks" if unit.min_needed > 1 else ""
+            diagnosis = diagnose(self.profile, tc, state, ctx, note)
+        return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt)
+
+
+def _largest_first(unit: Unit) -> tuple[int, ...]:
+    """The unit's tasks, biggest request first (first-fit decreasing packs gangs tighter)."""
+    job = unit.job
+    if len(job.groups) == 1:
+        return unit.task_indexes
+
+    def size(idx: int) -> tuple[int, int, int]:
+        r = job.group_of(idx).resources
+        return (-r.gpu_total_milli, -r.cpu_milli, -r.memory)
+
+    return tuple(sorted(unit.task_indexes, key=size))
+
+
+def _both(a: Mask | None, b: Mask | None) -> Mask | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b

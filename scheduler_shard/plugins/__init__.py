@@ -1,0 +1,16 @@
+"""Built-in plugins; importing this package registers them by name."""
+
+from gosched.scheduler_shard.plugins import (  # noqa: F401
+    allocation_scores,
+    anti_affinity,
+    gpu_filters,
+    gpu_fragmentation,
+    gpu_topology,
+    grouping,
+    locating,
+    node_affinity,
+    node_ready,
+    preemption,
+    resources_fit,
+    taints,
+)

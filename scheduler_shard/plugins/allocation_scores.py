@@ -1,0 +1,81 @@
+"""most_allocated (bin-pack), least_allocated (spread) and balanced_allocation scores.
+
+Each uses the node's usage after placing the task, per requested resource, on a 0..100 scale.
+Rows where the task does not fit are masked by the filters, so no clipping is needed here.
+"""
+
+import numpy as np
+
+from gosched.common.cluster_state import ClusterArrays
+from gosched.common.resources import GPU_MILLI
+from gosched.scheduler_shard.framework.interfaces import Rows, ScorePlugin, Scores
+from gosched.scheduler_shard.framework.registry import register
+from gosched.scheduler_shard.framework.task_class import TaskClass
+
+_memo: dict[str, object] = {"key": None, "value": None}
+
+
+def fractions_after(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[np.ndarray]:
+    """Used/capacity after placement for each resource the task asks for (cpu always).
+
+    Several scores need the same fractions for the same rows in one refresh: memoised on the
+    (rows object, view position, class) so they are computed once.
+    """
+    key = (id(rows), state.dirty_position, id(tc))
+    if _memo["key"] == key:
+        return _memo["value"]  # type: ignore[return-value]
+    req = tc.request
+    out = [(state.cpu_used[rows] + req.cpu_milli) / np.maximum(state.cpu_cap[rows], 1)]
+    if req.memory:
+        out.append((state.mem_used[rows] + req.memory) / np.maximum(state.mem_cap[rows], 1))
+    if req.wants_gpu:
+        cap = np.maximum(state.gpu_count[rows].astype(np.int64) * GPU_MILLI, 1)
+        out.append((state.gpu_used_total[rows] + req.gpu_total_milli) / cap)
+    _memo["key"], _memo["value"] = key, out
+    return out
+
+
+def _mean(parts: list[np.ndarray]) -> np.ndarray:
+    # Summing a short list beats np.mean's generic reduction on the one-row hot path.
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total / len(parts) if len(parts) > 1 else total
+
+
+@register
+class MostAllocated(ScorePlugin):
+    name = "most_allocated"
+    dynamic = True
+
+    def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
+        return 100.0 * _mean(fractions_after(tc, state, rows))
+
+
+@register
+class LeastAllocated(ScorePlugin):
+    name = "least_allocated"
+    dynamic = True
+
+    def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
+        return 100.0 - 100.0 * _mean(fractions_after(tc, state, rows))
+
+
+@register
+class BalancedAllocation(ScorePlugin):
+    """100 for a node whose resources are equally used after placement, lower as they diverge
+    (100 times one minus the standard deviation of the used fractions)."""
+
+    name = "balanced_allocation"
+    dynamic = True
+
+    def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
+        return tc.request.memory > 0 or tc.request.wants_gpu
+
+    def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
+        fr = fractions_after(tc, state, rows)
+        if len(fr) == 2:  # the usual cpu+memory case: the deviation of two values is half their gap
+            return 100.0 - 50.0 * np.abs(fr[0] - fr[1])
+        mean = _mean(fr)
+        var = sum((f - mean) ** 2 for f in fr) / len(fr)
+        return 100.0 - 100.0 * np.sqrt(var)

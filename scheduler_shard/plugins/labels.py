@@ -1,0 +1,56 @@
+"""Label look-ups and requirement matching over all node rows (static: node metadata only)."""
+
+import numpy as np
+
+from gosched.common.cluster_state import ClusterArrays
+from gosched.common.job import NodeSelectorTerm, Requirement, SelectorOp
+from gosched.scheduler_shard.framework.interfaces import Mask
+
+
+def label_column(state: ClusterArrays, key: str) -> list[str | None]:
+    return state.label_values(key)[: state.n]
+
+
+def requirement_mask(state: ClusterArrays, req: Requirement) -> Mask:
+    values = label_column(state, req.key)
+    wanted = set(req.values)
+    if req.op == SelectorOp.IN:
+        out = [v is not None and v in wanted for v in values]
+    elif req.op == SelectorOp.NOT_IN:
+        out = [v is None or v not in wanted for v in values]
+    elif req.op == SelectorOp.EXISTS:
+        out = [v is not None for v in values]
+    elif req.op == SelectorOp.DOES_NOT_EXIST:
+        out = [v is None for v in values]
+    else:  # Gt / Lt compare integers; a non-integer label never matches
+        bound = int(req.values[0])
+        out = []
+        for v in values:
+            try:
+                n = int(v) if v is not None else None
+            except ValueError:
+                n = None
+            out.append(n is not None and (n > bound if req.op == SelectorOp.GT else n < bound))
+    return np.fromiter(out, np.bool_, count=len(values))
+
+
+def term_mask(state: ClusterArrays, term: NodeSelectorTerm) -> Mask:
+    mask = np.ones(state.n, np.bool_)
+    for req in term.requirements:
+        mask &= requirement_mask(state, req)
+    return mask
+
+
+def domain_ids(state: ClusterArrays, topology_key: str) -> np.ndarray:
+    """Per row, an integer id of its topology domain; "node" makes each node its own domain.
+
+    Rows without the label get -1 (they form no shared domain).
+    """
+    if topology_key == "node":
+        return np.arange(state.n, dtype=np.int64)
+    ids: dict[str, int] = {}
+    return np.fromiter(
+        (-1 if v is None else ids.setdefault(v, len(ids)) for v in label_column(state, topology_key)),
+        np.int64,
+        count=state.n,
+    )

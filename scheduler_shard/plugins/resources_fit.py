@@ -1,0 +1,64 @@
+"""resources_fit: CPU, memory, extended resources, whole GPUs and milli-GPU shares."""
+
+import numpy as np
+
+from gosched.common.cluster_state import ClusterArrays
+from gosched.common.resources import GPU_MILLI
+from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, Rows
+from gosched.scheduler_shard.framework.registry import register
+from gosched.scheduler_shard.framework.task_class import TaskClass
+
+
+def _ext_checks(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
+    out = []
+    for name, amount in tc.request.extended:
+        col = state.ext_col(name)
+        if col is None:
+            out.append((f"insufficient {name}", np.zeros(len(state.cpu_cap[rows]), np.bool_)))
+        else:
+            out.append((f"insufficient {name}", state.ext_used[rows, col] + amount <= state.ext_cap[rows, col]))
+    return out
+
+
+def gpu_fit(tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
+    """Rows with room for the class's GPUs: k fully free eligible GPUs, or one with the share free."""
+    eligible = tc.eligible_gpus(state)
+    if tc.gpu_whole:
+        if eligible is None:
+            return state.free_whole[rows] >= tc.gpu_whole
+        free = (state.gpu_free[rows] == GPU_MILLI) & eligible[rows]
+        return free.sum(axis=1) >= tc.gpu_whole
+    if eligible is None:
+        return state.max_share[rows] >= tc.gpu_share
+    return ((state.gpu_free[rows] >= tc.gpu_share) & eligible[rows]).any(axis=1)
+
+
+@register
+class ResourcesFit(FilterPlugin):
+    name = "resources_fit"
+    reason = "insufficient resources"
+    dynamic = True
+    resolvable_by_preemption = True
+
+    def filter(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
+        req = tc.request
+        ok = state.cpu_used[rows] + req.cpu_milli <= state.cpu_cap[rows]
+        if req.memory:
+            ok &= state.mem_used[rows] + req.memory <= state.mem_cap[rows]
+        if req.extended:
+            for _, mask in _ext_checks(tc, state, rows):
+                ok &= mask
+        if req.wants_gpu:
+            ok &= gpu_fit(tc, state, rows)
+        return ok
+
+    def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
+        req = tc.request
+        checks = [
+            ("insufficient cpu", state.cpu_used[rows] + req.cpu_milli <= state.cpu_cap[rows]),
+            ("insufficient memory", state.mem_used[rows] + req.memory <= state.mem_cap[rows]),
+            *_ext_checks(tc, state, rows),
+        ]
+        if req.wants_gpu:
+            checks.append(("insufficient GPU", gpu_fit(tc, state, rows)))
+        return [(reason, ~ok) for reason, ok in checks]

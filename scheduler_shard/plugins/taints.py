@@ -1,0 +1,72 @@
+"""taint_toleration filter (NoSchedule / NoExecute) and taint_prefer_no_schedule score."""
+
+import numpy as np
+
+from gosched.common.cluster_state import ClusterArrays
+from gosched.common.job import Toleration
+from gosched.common.node import Taint, TaintEffect
+from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, Rows, ScorePlugin, Scores
+from gosched.scheduler_shard.framework.registry import register
+from gosched.scheduler_shard.framework.task_class import TaskClass
+
+HARD = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
+
+
+def tolerates(tolerations: tuple[Toleration, ...], taint: Taint) -> bool:
+    for tol in tolerations:
+        if tol.effect is not None and tol.effect != taint.effect:
+            continue
+        if tol.operator == "Exists" and (tol.key == "" or tol.key == taint.key):
+            return True
+        if tol.key == taint.key and tol.value == taint.value:
+            return True
+    return False
+
+
+def first_untolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) -> Taint | None:
+    for taint in taints:
+        if taint.effect in HARD and not tolerates(tolerations, taint):
+            return taint
+    return None
+
+
+@register
+class TaintToleration(FilterPlugin):
+    name = "taint_toleration"
+    reason = "untolerated taint"
+
+    def filter(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
+        tols = tc.group.tolerations
+        ok = np.fromiter(
+            (first_untolerated(tols, state.node_taints(r)) is None for r in range(state.n)), np.bool_, count=state.n
+        )
+        return ok[rows]
+
+    def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
+        # One reason per distinct taint, e.g. "taint gpu=reserved", as `explain` shows it.
+        by_reason: dict[str, np.ndarray] = {}
+        for r in range(state.n):
+            taint = first_untolerated(tc.group.tolerations, state.node_taints(r))
+            if taint is not None:
+                reason = f"taint {taint.key}={taint.value}" if taint.value else f"taint {taint.key}"
+                by_reason.setdefault(reason, np.zeros(state.n, np.bool_))[r] = True
+        return [(reason, mask[rows]) for reason, mask in by_reason.items()]
+
+
+@register
+class TaintPreferNoSchedule(ScorePlugin):
+    """100 minus 100 per untolerated PreferNoSchedule taint (floored at 0)."""
+
+    name = "taint_prefer_no_schedule"
+
+    def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
+        tols = tc.group.tolerations
+        counts = np.fromiter(
+            (
+                sum(1 for t in state.node_taints(r) if t.effect == TaintEffect.PREFER_NO_SCHEDULE and not tolerates(tols, t))
+                for r in range(state.n)
+            ),
+            np.float64,
+            count=state.n,
+        )
+        return np.clip(100.0 - 100.0 * counts, 0.0, 100.0)[rows]

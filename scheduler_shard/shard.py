@@ -1,0 +1,99 @@
+"""A scheduler shard: a cached view of the whole cluster, the plugin chain, and proposals.
+
+It proposes and never binds. Its view is the binder's state at `version` plus its own in-flight
+assumptions (UnitContexts), which are undone and redone around each batch of binder changes.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from gosched.common.changes import apply_changes
+from gosched.common.cluster_state import ClusterArrays
+from gosched.common.config import ProfileConfig
+from gosched.common.messages import BindReply, Change, Proposal, ProposalBatch, UnitBatch
+from gosched.scheduler_shard.class_cache import ClassCache
+from gosched.scheduler_shard.framework.profile import build_profile
+from gosched.scheduler_shard.placer import Placer
+from gosched.scheduler_shard.plugins.gpu_fragmentation import GpuFragmentation
+from gosched.scheduler_shard.unit_context import UnitContext
+
+
+class SchedulerShard:
+    def __init__(self, shard_id: int, profile: ProfileConfig | None = None, clock: Callable[[], float] = time.time):
+        self.shard_id = shard_id
+        self.profile = build_profile(profile or ProfileConfig())
+        self.clock = clock
+        self.state = ClusterArrays()
+        self.version = 0
+        self.cache = ClassCache(self.profile)
+        self.placer = Placer(self.profile, self.cache, clock)
+        self.inflight: dict[str, UnitContext] = {}
+        self._partition: list[str] | None = None
+        self._own_rows: npt.NDArray[np.int64] | None = None
+        self._own_rows_gen = -1
+        self._learners = [p for p, _ in self.profile.scores if isinstance(p, GpuFragmentation)]
+
+    # -- view maintenance -----------------------------------------------------------------------
+    def set_partition(self, node_names: Sequence[str] | None) -> None:
+        """The nodes this shard tries first; None: the whole cluster is its partition."""
+        self._partition = None if node_names is None else list(node_names)
+        self._own_rows_gen = -1
+
+    def own_rows(self) -> npt.NDArray[np.int64] | None:
+        if self._partition is None:
+            return None
+        if self._own_rows_gen != self.state.meta_generation:
+            rows = [self.state.row_of[n] for n in self._partition if n in self.state.row_of]
+            self._own_rows = np.array(rows, np.int64)
+            self._own_rows_gen = self.state.meta_generation
+        return self._own_rows
+
+    def sync(self, changes: list[Change], version: int, resync: bool = False) -> None:
+        """Bring the view to the binder's `version`, keeping in-flight assumptions on top."""
+        live = list(self.inflight.values())
+        for ctx in reversed(live):
+            ctx.undo(self.state)
+        if resync:
+            self.state = ClusterArrays()
+        apply_changes(self.state, changes)
+        for ctx in live:
+            ctx.redo(self.state)
+        self.version = version
+        self._compact()
+
+    def apply_reply(self, reply: BindReply) -> None:
+        """Drop the assumptions the binder has answered for, then take its changes."""
+        for ctx_owner in [*(a.job_id for a in reply.accepted), *(r.job_id for r in reply.rejected)]:
+            ctx = self.inflight.pop(ctx_owner, None)
+            if ctx is not None:
+                ctx.undo(self.state)
+        self.sync(reply.changes, reply.version, reply.resync)
+
+    def _compact(self) -> None:
+        oldest = self.cache.oldest_position()
+        self.state.compact_dirty_log(self.state.dirty_position if oldest is None else oldest)
+
+    # -- scheduling ------------------------------------------------------------------------------
+    def schedule(self, batch: UnitBatch) -> ProposalBatch:
+        own = self.own_rows()
+        proposals: list[Proposal] = []
+        unschedulable = []
+        for unit in batch.units:
+            ctx, leftover = self.placer.schedule_unit(unit, self.state, own)
+            if ctx is not None:
+                self.inflight[unit.job.id] = ctx
+                proposals.append(
+                    Proposal(unit.job, list(ctx.placements), unit.min_needed, unit.attempt, unit.dispatch_time)
+                )
+                for learner in self._learners:
+                    for p in ctx.placements:
+                        group = unit.job.group_of(p.task_index)
+                        if group.resources.wants_gpu:
+                            learner.observe(self.cache.entry(group, self.state).tc)
+            if leftover is not None:
+                unschedulable.append(leftover)
+        self._compact()
+        return ProposalBatch(self.shard_id, self.version, proposals, unschedulable)

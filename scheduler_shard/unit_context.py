@@ -1,0 +1,80 @@
+"""What a unit's attempt has done in the shard's view, kept as a log so it can be undone and redone.
+
+A proposal's placements and evictions stay assumed in the view until the binder answers; to apply
+the binder's changes underneath them, the view undoes every assumption, applies the changes, and
+redoes the assumptions still in flight.
+"""
+
+from dataclasses import dataclass, field
+
+from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.messages import Placement, Unit
+
+PLACE = "place"
+EVICT = "evict"
+
+
+@dataclass(slots=True)
+class UnitContext:
+    unit: Unit
+    placements: list[Placement] = field(default_factory=list)
+    placed_rows: list[tuple[int, str]] = field(default_factory=list)  # (row, role)
+    log: list[tuple[str, str, Resident]] = field(default_factory=list)  # (action, node name, resident)
+    victims_by_job: dict[str, int] = field(default_factory=dict)
+
+    def place(self, state: ClusterArrays, row: int, resident: Resident, placement: Placement) -> None:
+        state.place(row, resident)
+        self.log.append((PLACE, placement.node, resident))
+        self.placements.append(placement)
+        self.placed_rows.append((row, resident.role))
+
+    def evict(self, state: ClusterArrays, resident: Resident) -> None:
+        released = state.release(resident.task_id)
+        assert released is not None, f"victim {resident.task_id} is not resident"
+        node = state.nodes[released[0]]
+        assert node is not None
+        self.log.append((EVICT, node.name, resident))
+        self.victims_by_job[resident.job_id] = self.victims_by_job.get(resident.job_id, 0) + 1
+
+    def undo(self, state: ClusterArrays) -> None:
+        """Revert this attempt's effects on the view, newest first (the log is kept for redo)."""
+        for action, node, resident in reversed(self.log):
+            if action == PLACE:
+                state.release(resident.task_id)
+            elif resident.task_id not in state.task_row and node in state.row_of:
+                state.place(state.row_of[node], resident)
+
+    def redo(self, state: ClusterArrays) -> None:
+        """Re-assume this attempt on a refreshed view; steps made moot by real changes are skipped."""
+        for action, node, resident in self.log:
+            row = state.row_of.get(node)
+            if row is None:
+                continue
+            if action == PLACE:
+                if resident.task_id not in state.task_row:
+                    state.place(row, resident)
+            elif state.task_row.get(resident.task_id) == row:
+                state.release(resident.task_id)
+
+    def rollback(self, state: ClusterArrays) -> None:
+        """Abandon the attempt: undo it and forget it."""
+        self.undo(state)
+        self.log.clear()
+        self.placements.clear()
+        self.placed_rows.clear()
+        self.victims_by_job.clear()
+
+    def rollback_to(self, state: ClusterArrays, mark: tuple[int, int]) -> None:
+        """Undo the steps after `mark` (from `checkpoint`)."""
+        log_len, placed = mark
+        tail = UnitContext(self.unit, log=self.log[log_len:])
+        tail.undo(state)
+        for action, _, resident in self.log[log_len:]:
+            if action == EVICT:
+                self.victims_by_job[resident.job_id] -= 1
+        del self.log[log_len:]
+        del self.placements[placed:]
+        del self.placed_rows[placed:]
+
+    def checkpoint(self) -> tuple[int, int]:
+        return len(self.log), len(self.placements)

@@ -1,0 +1,499 @@
+"""Dispatcher: units, replies, unschedulable backoff, evictions, cancel, shards, restart."""
+
+import pytest
+
+from gosched.common.config import QueueConfig
+from gosched.common.errors import IllegalTransition, SpecError
+from gosched.common.messages import AcceptedUnit, BindReply, Placement
+from gosched.common.states import JobState, TaskState
+from gosched.dispatcher import Dispatcher
+from gosched.dispatcher.dispatcher import backoff_delay
+from gosched.dispatcher.store import MemoryStore
+from tests.builders import make_job
+from tests.test_dispatcher_support import (
+    CPU,
+    GI,
+    accept,
+    accept_tasks,
+    dispatcher,
+    evict,
+    job_ids,
+    reject,
+    settings,
+    unschedulable,
+    units,
+)
+
+P, S, B, C = TaskState.PENDING, TaskState.SCHEDULED, TaskState.BOUND, TaskState.CANCELLED
+
+
+def test_submitted_job_becomes_a_unit_of_its_pending_tasks():
+    d, clock = dispatcher()
+    d.submit(make_job("j").cpu("2").replicas(3).min_member(2).build())
+    assert (d.pending_count(), d.in_flight_count()) == (1, 0)
+
+    batches = d.next_batches()
+    (unit,) = units(batches)
+    assert unit.task_indexes == (0, 1, 2)
+    assert unit.min_needed == 2
+    assert unit.attempt == 0
+    assert unit.dispatch_time == clock.now
+    assert unit.reclaim_from == frozenset()
+    assert d.task_states("j") == [S, S, S]
+    assert (d.pending_count(), d.in_flight_count()) == (0, 1)
+    assert d.next_batches() == []  # one unit in flight per job
+
+
+def test_accepted_placements_bind_tasks_and_count_usage():
+    d, _ = dispatcher()
+    d.set_cluster_capacity(10 * CPU, 10 * GI, 0)
+    d.submit(make_job("j").cpu("2").mem("1Gi").replicas(2).min_member(2).build())
+    (unit,) = units(d.next_batches())
+    assert d.usage.usage("queue", "default", "inflight").tolist() == [4 * CPU, 2 * GI, 0]
+
+    assert d.on_reply(accept([unit])) == []
+    assert d.task_states("j") == [B, B]
+    assert d.job_state("j") is JobState.RUNNING
+    assert d.in_flight_count() == 0 and d.pending_count() == 0
+    assert d.usage.usage("queue", "default", "held").tolist() == [4 * CPU, 2 * GI, 0]
+    assert d.usage.usage("tenant", "default", "inflight").tolist() == [0, 0, 0]
+    assert d.queue_shares()["default"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "min_member", "first_bound", "second_indexes", "second_min_needed"),
+    [
+        (4, 4, [0, 1, 2], (3,), 1),  # 3 held < 4: max(1, 4 - 3)
+        (4, 3, [0, 1], (2, 3), 1),  # 2 held < 3: max(1, 1)
+        (4, 2, [0, 1], (2, 3), 1),  # held >= min_member: 1
+        (6, 5, [0], (1, 2, 3, 4, 5), 4),  # 1 held < 5: 4 more
+    ],
+)
+def test_min_needed_counts_tasks_already_held(replicas, min_member, first_bound, second_indexes, second_min_needed):
+    d, clock = dispatcher(backoff=1.0)
+    d.submit(make_job("g").cpu("1").replicas(replicas).min_member(min_member).build())
+    (u1,) = units(d.next_batches())
+    assert u1.min_needed == min_member
+    d.on_reply(accept_tasks("g", first_bound))  # the rest could not be placed
+    assert d.task_states("g").count(B) == len(first_bound)
+    assert d.next_batches() == []  # leftovers back off
+    clock.advance(1.0)
+    (u2,) = units(d.next_batches())
+    assert u2.task_indexes == second_indexes
+    assert u2.min_needed == second_min_needed
+    assert u2.attempt == 1
+
+
+def test_rejected_unit_is_requeued_at_once_and_tries_another_shard():
+    d, _ = dispatcher(shards=2)
+    d.submit(make_job("j").cpu("1").build())
+    (b1,) = d.next_batches()
+    first = b1.shard_id
+    d.on_reply(reject(b1.units, reason="node n3 full", stage="resources"))
+    assert d.task_states("j") == [P]
+    assert d.in_flight_count() == 0
+    (b2,) = d.next_batches()  # no backoff
+    assert b2.units[0].attempt == 1
+    assert b2.shard_id != first  # loads tie (0, 0): prefer a different shard
+    assert "rejected by the binder (resources): node n3 full" in d.explain("j")
+
+
+def test_retry_still_goes_to_the_least_loaded_shard():
+    d, _ = dispatcher(shards=2)
+    d.submit(make_job("j").cpu("1").build())
+    (b1,) = d.next_batches()
+    d.on_reply(reject(b1.units))
+    loads = [0, 0]
+    loads[1 - b1.shard_id] = 5  # the other shard is busy: go back to the same one
+    (b2,) = d.next_batches(shard_loads=loads)
+    assert b2.shard_id == b1.shard_id
+
+
+@pytest.mark.parametrize(
+    ("base", "cap", "expected_waits"),
+    [
+        (0.125, 0.75, [0.125, 0.25, 0.5, 0.75, 0.75]),
+        (1.0, 100.0, [1.0, 2.0, 4.0, 8.0, 16.0]),
+        (2.0, 2.0, [2.0, 2.0, 2.0, 2.0, 2.0]),
+    ],
+)
+def test_unschedulable_parks_the_job_with_doubling_backoff(base, cap, expected_waits):
+    d, clock = dispatcher(backoff=base, backoff_max=cap)
+    d.submit(make_job("j").cpu("1").build())
+    for attempt, wait in enumerate(expected_waits):
+        (u,) = units(d.next_batches())
+        assert u.attempt == attempt
+        d.on_unschedulable([unschedulable(u)])
+        assert d.task_states("j") == [P]
+        assert (d.pending_count(), d.in_flight_count()) == (1, 0)
+        clock.advance(wait - 1 / 64)
+        assert d.next_batches() == []  # still backing off
+        clock.advance(1 / 64)
+    assert "0/10 nodes fit: 7 resources_fit, 3 gpu_model" in d.explain("j")
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected"),
+    [(0, 0.0), (1, 0.05), (2, 0.1), (3, 0.2), (8, 5.0), (10_000, 5.0)],
+)
+def test_backoff_delay(failures, expected):
+    assert backoff_delay(0.05, 5.0, failures) == pytest.approx(expected)
+
+
+def test_explain_while_backing_off():
+    d, clock = dispatcher(backoff=2.0)
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u, note="gang needs 1 of 1 tasks")])
+    clock.advance(0.5)
+    text = d.explain("j")
+    assert "retry in 1.500s" in text
+    assert "(gang needs 1 of 1 tasks)" in text
+    assert "job j (queue default, tenant default): pending; tasks: 1 pending" in text
+
+
+def test_unschedulable_for_an_old_attempt_is_ignored():
+    d, _ = dispatcher()
+    d.submit(make_job("j").cpu("1").build())
+    (u0,) = units(d.next_batches())
+    d.on_reply(reject([u0]))
+    (u1,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u0)])  # late answer for attempt 0
+    assert d.task_states("j") == [S]
+    assert d.in_flight_count() == 1
+    d.on_reply(accept([u1]))
+    assert d.task_states("j") == [B]
+
+
+@pytest.mark.parametrize("unschedulable_first", [True, False])
+def test_partly_placed_unit_proposal_and_leftovers_in_either_order(unschedulable_first):
+    """A shard proposes some tasks and reports the rest unschedulable, as one ProposalBatch."""
+    d, clock = dispatcher(backoff=1.0)
+    d.submit(make_job("j").cpu("1").replicas(4).min_member(2).build())
+    (u,) = units(d.next_batches())
+    leftover = unschedulable(u, indexes=(2, 3))
+    if unschedulable_first:
+        d.on_unschedulable([leftover])
+        assert d.task_states("j") == [S, S, P, P]
+        assert d.in_flight_count() == 1  # the proposal for 0, 1 is still with the binder
+        d.on_reply(accept_tasks("j", [0, 1]))
+    else:
+        d.on_reply(accept_tasks("j", [0, 1]))
+        d.on_unschedulable([leftover])
+    assert d.task_states("j") == [B, B, P, P]
+    assert d.job_state("j") is JobState.RUNNING
+    assert d.in_flight_count() == 0
+    assert d.next_batches() == []  # leftovers back off
+    clock.advance(1.0)
+    (u2,) = units(d.next_batches())
+    assert (u2.task_indexes, u2.min_needed, u2.attempt) == ((2, 3), 1, 1)
+
+
+def test_eviction_returns_the_task_to_pending_and_requeues_its_job():
+    d, _ = dispatcher()
+    d.set_cluster_capacity(10 * CPU, 0, 0)
+    d.submit(make_job("j").cpu("1").replicas(3).min_member(3).build())
+    d.on_reply(accept(units(d.next_batches())))
+    assert d.queue_shares()["default"] == pytest.approx(0.3)
+
+    d.on_reply(evict(("j", 1)))
+    assert d.task_states("j") == [B, P, B]
+    assert d.queue_shares()["default"] == pytest.approx(0.2)
+    assert d.job_state("j") is JobState.PENDING  # 2 held < min_member 3
+    (u,) = units(d.next_batches())  # requeued at once
+    assert (u.task_indexes, u.min_needed, u.attempt) == ((1,), 1, 1)
+    assert "task 1 preempted by p" in d.explain("j")
+
+
+def test_eviction_during_flight_is_folded_into_the_next_unit():
+    d, clock = dispatcher(backoff=0.0)
+    d.submit(make_job("a").cpu("1").replicas(2).min_member(1).build())
+    (u,) = units(d.next_batches())
+    d.on_reply(accept_tasks("a", [0]))  # task 1 left over -> pending, retried at once (no backoff)
+    (u2,) = units(d.next_batches())
+    assert u2.task_indexes == (1,)
+    d.on_reply(evict(("a", 0)))  # the unit for task 1 is still out: task 0 waits for it
+    assert d.task_states("a") == [P, S]
+    assert d.next_batches() == []  # one unit per job in flight
+    d.on_reply(accept([u2]))
+    (u3,) = units(d.next_batches())
+    assert u3.task_indexes == (0,)
+
+
+def test_released_tasks_leave_usage_and_finish_the_job():
+    d, _ = dispatcher()
+    d.set_cluster_capacity(10 * CPU, 0, 0)
+    d.submit(make_job("j").cpu("1").replicas(2).min_member(2).build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_released(["j/0"], TaskState.SUCCEEDED)
+    assert d.job_state("j") is JobState.RUNNING
+    assert d.queue_shares()["default"] == pytest.approx(0.1)
+    d.on_released(["j/1", "j/1"], TaskState.SUCCEEDED)  # a repeat is harmless
+    assert d.job_state("j") is JobState.SUCCEEDED
+    assert d.queue_shares()["default"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("final", "states_after", "requeued"),
+    [
+        (TaskState.FAILED, [TaskState.FAILED, B], False),
+        (TaskState.PENDING, [P, B], True),  # node lost before start
+        (TaskState.PREEMPTED, [P, B], True),
+    ],
+)
+def test_release_to_pending_requeues(final, states_after, requeued):
+    d, _ = dispatcher()
+    d.submit(make_job("j").cpu("1").replicas(2).build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_released(["j/0"], final)
+    assert d.task_states("j") == states_after
+    assert bool(units(d.next_batches())) is requeued
+
+
+def test_release_from_an_illegal_state_raises():
+    d, _ = dispatcher()
+    d.submit(make_job("j").cpu("1").build())
+    with pytest.raises(IllegalTransition, match=r"task j/0: pending -> running"):
+        d.on_released(["j/0"], TaskState.RUNNING)
+
+
+def test_cancel_waiting_job_drops_its_unit():
+    d, _ = dispatcher()
+    d.submit(make_job("a").cpu("1").build())
+    d.submit(make_job("b").cpu("1").build())
+    assert d.cancel("a") == []
+    assert d.task_states("a") == [C]
+    assert d.job_state("a") is JobState.CANCELLED
+    assert job_ids(d.next_batches()) == ["b"]
+    assert d.pending_count() == 0
+
+
+def test_cancel_backing_off_job():
+    d, clock = dispatcher(backoff=1.0)
+    d.submit(make_job("a").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    d.cancel("a")
+    clock.advance(5)
+    assert d.next_batches() == []
+    assert d.pending_count() == 0
+
+
+def test_cancel_returns_tasks_holding_resources_and_frees_their_usage():
+    d, _ = dispatcher(backoff=1.0)
+    d.set_cluster_capacity(10 * CPU, 0, 0)
+    d.submit(make_job("j").cpu("1").replicas(3).build())
+    (u,) = units(d.next_batches())
+    d.on_reply(accept_tasks("j", [0]))  # task 0 bound; 1 and 2 left over, backing off
+    assert d.queue_shares()["default"] == pytest.approx(0.1)
+    assert d.cancel("j") == ["j/0"]
+    assert d.task_states("j") == [C, C, C]
+    assert d.job_state("j") is JobState.CANCELLED
+    assert d.queue_shares()["default"] == 0.0
+    assert d.pending_count() == 0
+    assert d.cancel("j") == []  # already cancelled
+    d.on_released(["j/0"], TaskState.CANCELLED)  # the caller's release comes back: nothing to do
+    d.on_reply(evict(("j", 0)))  # nor for a late eviction
+    assert d.task_states("j") == [C, C, C]
+    assert d.queue_shares()["default"] == 0.0
+
+
+def test_cancel_a_finished_job_keeps_its_final_states():
+    d, _ = dispatcher()
+    d.submit(make_job("j").cpu("1").replicas(2).build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_released(["j/0"], TaskState.FAILED)
+    assert d.cancel("j") == ["j/1"]
+    assert d.task_states("j") == [TaskState.FAILED, C]
+    assert d.job_state("j") is JobState.CANCELLED
+
+
+def test_cancel_in_flight_unit_then_binder_accepts_it():
+    d, _ = dispatcher()
+    d.submit(make_job("j").cpu("1").replicas(2).build())
+    (u,) = units(d.next_batches())
+    assert d.cancel("j") == []
+    assert d.in_flight_count() == 0 and d.shard_loads() == [0, 0]
+    orphans = d.on_reply(accept([u]))
+    assert orphans == ["j/0", "j/1"]  # bound for a cancelled job: release them
+    assert d.task_states("j") == [C, C]
+
+
+def test_bind_for_an_unknown_job_is_an_orphan():
+    d, _ = dispatcher()
+    reply = BindReply([AcceptedUnit("ghost", [Placement(0, "n1")], 0.0)], [], [], [], 1)
+    assert d.on_reply(reply) == ["ghost/0"]
+
+
+def test_least_loaded_shard_by_dispatcher_counts():
+    d, _ = dispatcher(shards=3)
+    d.submit_many([make_job(f"a{i}").cpu("1").build() for i in range(5)])
+    first = d.next_batches()
+    assert sorted(len(b.units) for b in first) == [1, 2, 2]
+    assert d.shard_loads() == [2, 2, 1]
+    d.submit(make_job("late").cpu("1").build())
+    (b,) = d.next_batches()
+    assert b.shard_id == 2  # the one with a single unit in flight
+
+
+@pytest.mark.parametrize(
+    ("loads", "n", "expected"),
+    [
+        ([5, 0, 3], 6, [0, 5, 1]),  # fill shard 1 up to 3, then alternate lowest id
+        ([0, 0, 0], 4, [2, 1, 1]),
+        ([9, 9, 0], 2, [0, 0, 2]),
+    ],
+)
+def test_least_loaded_shard_by_given_loads(loads, n, expected):
+    d, _ = dispatcher(shards=3)
+    d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(n)])
+    per_shard = [0, 0, 0]
+    for b in d.next_batches(shard_loads=loads):
+        per_shard[b.shard_id] = len(b.units)
+    assert per_shard == expected
+
+
+def test_shard_loads_must_match_the_shards():
+    d, _ = dispatcher(shards=2)
+    d.submit(make_job("j").cpu("1").build())
+    with pytest.raises(ValueError, match="3 entries for 2 shards"):
+        d.next_batches(shard_loads=[0, 0, 0])
+
+
+def test_batch_size_caps_units_per_shard_per_call():
+    d, _ = dispatcher(shards=2, batch_size=3)
+    d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(10)])
+    assert [len(b.units) for b in d.next_batches()] == [3, 3]
+    assert len(units(d.next_batches(max_units=1))) == 1
+    assert len(units(d.next_batches())) == 3  # shard loads are now 4 and 3: the rest goes round
+    assert d.pending_count() == 0
+
+
+def test_more_shards_after_set_shards():
+    d, _ = dispatcher(shards=1)
+    d.partitions.add_nodes([f"n{i}" for i in range(6)])
+    d.partitions.set_shards(3)
+    d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(6)])
+    assert sorted(b.shard_id for b in d.next_batches()) == [0, 1, 2]
+    assert [len(d.partitions.partition_of(s)) for s in range(3)] == [2, 2, 2]
+
+
+def test_requeue_in_flight_takes_units_back_from_a_lost_shard():
+    d, _ = dispatcher(shards=2)
+    d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(4)])
+    batches = d.next_batches()
+    lost = batches[0].shard_id
+    taken = {u.job.id for u in batches[0].units}
+    assert d.requeue_in_flight(lost) == len(taken)
+    assert d.shard_loads()[lost] == 0
+    again = units(d.next_batches())
+    assert {u.job.id for u in again} == taken
+    assert all(u.attempt == 1 for u in again)
+
+
+def test_unknown_queue_is_a_spec_error():
+    d, _ = dispatcher(QueueConfig(name="a"), QueueConfig(name="b"))
+    with pytest.raises(SpecError) as err:
+        d.submit(make_job("j").queue("c").build())
+    assert err.value.field == "queue"
+    assert "unknown queue 'c' (known: a, b)" in str(err.value)
+    assert "j" not in d
+
+
+@pytest.mark.parametrize(
+    ("job", "field"),
+    [
+        (make_job("j").replicas(2).min_member(3).build(), "min_member"),
+        (make_job("j").replicas(0).build(), "groups"),
+    ],
+)
+def test_invalid_jobs_are_spec_errors(job, field):
+    d, _ = dispatcher()
+    with pytest.raises(SpecError) as err:
+        d.submit(job)
+    assert err.value.field == field
+
+
+def test_submit_stamps_the_submit_time():
+    d, clock = dispatcher()
+    d.submit(make_job("j").build())
+    assert d.job("j").submit_time == clock.now
+    d.submit(make_job("k").submitted(5.0).build())
+    assert d.job("k").submit_time == 5.0
+
+
+def test_multi_group_unit_costs_each_group():
+    d, _ = dispatcher()
+    d.set_cluster_capacity(100 * CPU, 0, 8000)
+    job = make_job("j").cpu("4").replicas(1).group("worker").cpu("1").gpus(1).replicas(2).build()
+    d.submit(job)
+    (u,) = units(d.next_batches())
+    assert u.task_indexes == (0, 1, 2)
+    assert d.usage.usage("queue", "default").tolist() == [6 * CPU, 0, 2000]
+
+
+def test_store_gets_one_batched_write_per_call_and_only_dispatcher_side_states():
+    store = MemoryStore()
+    d, _ = dispatcher(store=store)
+    d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(5)])
+    assert store.calls["add_jobs"] == 1
+    us = units(d.next_batches())
+    assert store.calls["set_task_states"] == 1
+    assert all(store.states[f"j{i}"] == [S] for i in range(5))
+    d.on_reply(accept(us[:2]))  # bound is the binder's to write
+    assert store.calls["set_task_states"] == 1
+    d.on_reply(reject(us[2:]))
+    assert store.calls["set_task_states"] == 2
+    assert [store.states[u.job.id] for u in us[2:]] == [[P]] * 3
+    d.on_reply(evict((us[0].job.id, 0)))  # preempted is the binder's, the requeue is ours
+    assert store.states[us[0].job.id] == [P]
+    d.cancel(us[1].job.id)
+    assert store.states[us[1].job.id] == [C]
+
+
+def _restart_scenario(store, bind) -> Dispatcher:
+    """Before the restart: a bound, b in flight, c and d queued, e cancelled.
+
+    `bind(task_ids)` writes the bindings to the store as the binder does.
+    """
+    d, _ = dispatcher(store=store)
+    d.set_cluster_capacity(10 * CPU, 0, 0)
+    d.submit_many([make_job(n).cpu("1").build() for n in "abcde"])
+    us = {u.job.id: u for u in units(d.next_batches(max_units=2))}
+    bind(["a/0"])
+    d.on_reply(accept([us["a"]]))
+    d.cancel("e")
+    assert d.task_states("b") == [S]
+    return d
+
+
+def _check_restored(store) -> None:
+    d2, _ = dispatcher(store=store)
+    d2.set_cluster_capacity(10 * CPU, 0, 0)
+    assert d2.restore() == 5
+    assert d2.task_states("a") == [B]
+    assert d2.task_states("b") == [P]  # scheduled -> pending
+    assert d2.job_state("e") is JobState.CANCELLED
+    assert d2.queue_shares()["default"] == pytest.approx(0.1)  # a counts
+    assert sorted(job_ids(d2.next_batches())) == ["b", "c", "d"]
+    assert d2.restore() == 0  # already known
+
+
+def test_restore_from_memory_store():
+    store = MemoryStore()
+    _restart_scenario(store, lambda tids: store.set_task_states([(t, B) for t in tids]))
+    _check_restored(store)
+
+
+def test_restore_from_sqlite_store(tmp_path):
+    store_mod = pytest.importorskip("gosched.common.store")
+    store = store_mod.Store(str(tmp_path / "gosched.db"))
+    _restart_scenario(store, lambda tids: store.commit(1, [(t, "n1", ()) for t in tids], []))
+    assert store.task_state("b/0") is S
+    store.close()
+    _check_restored(store_mod.Store(str(tmp_path / "gosched.db")))
+
+
+def test_restore_without_store_is_a_no_op():
+    d = Dispatcher(settings())
+    assert d.restore() == 0

@@ -1,0 +1,141 @@
+"""Acceptance scenarios through the whole in-process pipeline: dispatcher -> shards -> binder."""
+
+from pathlib import Path
+
+import numpy as np
+
+from gosched.common.config import ProfileConfig, QueueConfig, QueuePolicy, Settings
+from gosched.common.job import Job
+from gosched.common.node import Node
+from gosched.common.states import JobState, TaskState
+from gosched.runtime.pipeline import Pipeline
+from tests.builders import make_job, make_node
+
+
+def pipeline(tmp_path: Path, nodes: list[Node], **settings: object) -> Pipeline:
+    s = Settings(store_path=str(tmp_path / "gs.db"), retry_backoff_s=0.0, **settings)  # type: ignore[arg-type]
+    return Pipeline(s, nodes=nodes)
+
+
+def bound_node(p: Pipeline, task_id: str) -> str | None:
+    row = p.binder.state.task_row.get(task_id)
+    if row is None:
+        return None
+    node = p.binder.state.nodes[row]
+    return None if node is None else node.name
+
+
+def test_gang_preemption_on_one_node(tmp_path: Path) -> None:
+    p = pipeline(tmp_path, [make_node("n").cpu("10").build()], shards=1)
+    p.submit(make_job("p1").cpu("5").priority(90).build())
+    p.submit(make_job("p2").cpu("5").priority(80).build())
+    p.run_until_idle()
+    assert bound_node(p, "p1/0") == "n" and bound_node(p, "p2/0") == "n"
+    p.submit(make_job("g").cpu("5").replicas(2).min_member(2).priority(100).build())
+    p.step()
+    assert bound_node(p, "g/0") == "n" and bound_node(p, "g/1") == "n"
+    assert bound_node(p, "p1/0") is None and bound_node(p, "p2/0") is None
+    assert p.dispatcher.task_states("p1") == [TaskState.PENDING]
+    assert p.dispatcher.task_states("p2") == [TaskState.PENDING]
+
+
+def test_spark_gang_waits_whole_then_binds_all(tmp_path: Path) -> None:
+    # Room for the driver (2 CPU) and 3 executors (4 CPU each).
+    p = pipeline(tmp_path, [make_node("a").cpu("8").build(), make_node("b").cpu("6").build()], shards=2)
+    spark = make_job("spark").role("driver").cpu("2").group("executor").cpu("4").replicas(4).min_member(5).build()
+    p.submit(spark)
+    p.run_until_idle()
+    assert p.dispatcher.job_state("spark") == JobState.PENDING
+    assert all(s == TaskState.PENDING for s in p.dispatcher.task_states("spark"))
+    assert int(p.binder.state.cpu_used.sum()) == 0  # nothing is held
+    assert "gang" in p.dispatcher.explain("spark")
+    p.add_nodes([make_node("c").cpu("4").build()])
+    p.run_until_idle(wait_backoff=True)
+    assert p.dispatcher.task_states("spark") == [TaskState.BOUND] * 5
+
+
+def test_capacity_queues_borrow_then_reclaim_in_one_round(tmp_path: Path) -> None:
+    nodes = [make_node(f"n{i}").cpu("10").mem("100Gi").build() for i in range(10)]  # 100 CPUs
+    queues = [
+        QueueConfig(name="a", guarantee=0.6, max_share=0.8),
+        QueueConfig(name="b", guarantee=0.3, max_share=0.5),
+        QueueConfig(name="c", guarantee=0.1, max_share=1.0),
+    ]
+    p = pipeline(tmp_path, nodes, shards=1, queues=queues)
+
+    def cpus(queue: str) -> int:
+        st = p.binder.state
+        return sum(r.cpu_milli for row in range(st.n) for r in st.residents[row].values() if r.queue == queue) // 1000
+
+    p.submit_many([make_job(f"a{i}").cpu("1").queue("a").build() for i in range(100)])
+    p.run_until_idle()
+    assert cpus("a") == 80  # borrowed up to its maximum, no further
+    p.submit_many([make_job(f"b{i}").cpu("1").queue("b").build() for i in range(30)])
+    p.submit_many([make_job(f"c{i}").cpu("1").queue("c").build() for i in range(10)])
+    p.step()  # one scheduling round
+    assert (cpus("a"), cpus("b"), cpus("c")) == (60, 30, 10)
+
+
+def test_drf_equal_dominant_shares(tmp_path: Path) -> None:
+    # 100 CPUs and 10 GPUs. A: 10 CPU per task (10% CPU); B: 1 CPU + 1 GPU (10% GPU).
+    nodes = [make_node(f"n{i}").cpu("50").mem("500Gi").gpus(5).build() for i in range(2)]
+    p = pipeline(tmp_path, nodes, shards=1, queues=[QueueConfig(name="default", policy=QueuePolicy.DRF)])
+    jobs: list[Job] = []
+    for i in range(20):
+        jobs.append(make_job(f"A{i}").tenant("A").cpu("10").build())
+        jobs.append(make_job(f"B{i}").tenant("B").cpu("1").gpus(1).build())
+    p.submit_many(jobs)
+    p.run_until_idle()
+    st = p.binder.state
+    used = {"A": np.zeros(2), "B": np.zeros(2)}
+    for row in range(st.n):
+        for r in st.residents[row].values():
+            used[r.tenant] += [r.cpu_milli / 100_000, sum(m for _, m in r.gpus) / 10_000]
+    share_a, share_b = used["A"].max(), used["B"].max()
+    assert share_a >= 0.8 and share_b >= 0.8  # contention: both are served
+    assert abs(share_a - share_b) <= 0.1 + 1e-9  # equal within one task's dominant share
+
+
+def test_two_shards_race_for_the_last_gpu(tmp_path: Path) -> None:
+    nodes = [make_node("a").gpus(2).build(), make_node("b").gpus(4).build()]
+    # Without partition-first both shards see node a as the best (fullest) node.
+    profile = ProfileConfig(locating=[])
+    p = pipeline(tmp_path, nodes, shards=2, profile=profile)
+    p.submit(make_job("warm").cpu("1").gpus(1).build())
+    p.run_until_idle()
+    assert bound_node(p, "warm/0") == "a"
+    p.submit_many([make_job("x").cpu("1").gpus(1).build(), make_job("y").cpu("1").gpus(1).build()])
+    p.step()
+    assert p.stats.rejected_units == 1
+    on_a = [t for t in ("x/0", "y/0") if bound_node(p, t) == "a"]
+    assert len(on_a) == 1
+    p.run_until_idle()
+    loser = "y/0" if on_a == ["x/0"] else "x/0"
+    assert bound_node(p, loser) == "b"
+
+
+def test_two_gpus_on_the_nvlinked_numa_pair(tmp_path: Path) -> None:
+    # Free GPUs: {0,1} on NUMA 0 joined by NVLink, {4,5} on NUMA 1 without.
+    node = (
+        make_node("n").gpu(0, numa=0, nvlink=(1,)).gpu(1, numa=0, nvlink=(0,)).gpu(4, numa=1).gpu(5, numa=1).build()
+    )
+    p = pipeline(tmp_path, [node], shards=1)
+    p.submit(make_job("two").cpu("1").gpus(2).build())
+    p.run_until_idle()
+    assert sorted(g for g, _ in p.binder.state.residents[0]["two/0"].gpus) == [0, 1]
+
+
+def test_restart_keeps_every_job_and_schedules_the_pending(tmp_path: Path) -> None:
+    nodes = [make_node("n").cpu("4").build()]
+    p = pipeline(tmp_path, nodes, shards=1)
+    p.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(6)])
+    p.run_until_idle()
+    before_used = p.binder.state.cpu_used.copy()
+    p.close()
+    q = pipeline(tmp_path, [], shards=2)
+    assert np.array_equal(q.binder.state.cpu_used[: q.binder.state.n], before_used[: q.binder.state.n])
+    states = [q.dispatcher.task_states(f"j{i}")[0] for i in range(6)]
+    assert states.count(TaskState.BOUND) == 4 and states.count(TaskState.PENDING) == 2
+    q.complete(["j0/0", "j1/0"])
+    q.run_until_idle(wait_backoff=True)
+    assert all(q.dispatcher.task_states(f"j{i}")[0] != TaskState.PENDING for i in range(6))

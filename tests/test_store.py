@@ -1,0 +1,204 @@
+"""The SQLite store: round trips, one transaction per call, WAL, submissions (real files in tmp_path)."""
+
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gosched.common.job import Job
+from gosched.common.node import NodeState
+from gosched.common.states import JobState, TaskState
+from gosched.common.store import SCHEMA_VERSION, Store, gpus_from_text, gpus_to_text
+from tests.builders import make_job, make_node
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "gs.db"
+
+
+def rich_job(job_id: str = "train", submission: str = "") -> Job:
+    job = (
+        make_job(job_id)
+        .role("ps")
+        .cpu("2")
+        .mem("8Gi")
+        .replicas(2)
+        .extended("rdma/hca", 1)
+        .group("worker")
+        .cpu("4")
+        .mem("16Gi")
+        .gpus(2)
+        .gpu_model("A100", "H100")
+        .replicas(3)
+        .selector(zone="a")
+        .tolerate("gpu", exists=True)
+        .priority(100)
+        .min_member(4)
+        .queue("research")
+        .tenant("t1")
+        .labels(team="x")
+        .deadline(1234.5)
+        .disruption_budget(1)
+        .submitted(99.0)
+        .build()
+    )
+    return replace(job, submission_id=submission)
+
+
+def test_jobs_round_trip_with_pending_tasks(db: Path) -> None:
+    job = rich_job(submission="sub-1")
+    other = make_job("other").cpu("1").build()
+    with Store(db) as s:
+        s.add_jobs([job, other])
+        assert s.get_job("train") == job
+        assert s.get_job("missing") is None
+        assert s.get_job_state("train") == JobState.PENDING
+    with Store(db) as s:
+        loaded = s.load_jobs()
+    assert [j for j, _ in loaded] == [job, other]
+    tasks = loaded[0][1]
+    assert tasks == [(i, TaskState.PENDING, None, ()) for i in range(5)]
+    assert loaded[1][1] == [(0, TaskState.PENDING, None, ())]
+
+
+def test_commit_round_trip_and_version(db: Path) -> None:
+    job = make_job("j").cpu("1").gpus(1).replicas(3).build()
+    with Store(db) as s:
+        s.add_jobs([job])
+        assert s.load_version() == 0
+        s.commit(
+            7, [("j/0", "n1", ((3, 1000),)), ("j/1", "n2", ())], [("j/2", TaskState.CANCELLED)], now=50.0
+        )
+    with Store(db) as s:
+        assert s.load_version() == 7
+        ((_, tasks),) = s.load_jobs()
+        assert tasks == [
+            (0, TaskState.BOUND, "n1", ((3, 1000),)),
+            (1, TaskState.BOUND, "n2", ()),
+            (2, TaskState.CANCELLED, None, ()),
+        ]
+        bound = s.load_bound()
+    assert [(b.job, b.idx, b.state, b.node, b.gpus, b.bound_at) for b in bound] == [
+        (job, 0, TaskState.BOUND, "n1", ((3, 1000),), 50.0),
+        (job, 1, TaskState.BOUND, "n2", (), 50.0),
+    ]
+
+
+def test_commit_is_one_transaction(db: Path) -> None:
+    """Bindings, state changes and the version land together or not at all."""
+    job = make_job("j").cpu("1").replicas(2).build()
+    with Store(db) as s:
+        s.add_jobs([job])
+        s.commit(1, [("j/0", "n1", ())], [])
+        # the second binding's job is unknown and not given: the whole call rolls back
+        with pytest.raises(KeyError):
+            s.commit(2, [("j/1", "n1", ()), ("ghost/0", "n1", ())], [("j/0", TaskState.PREEMPTED)])
+        assert s.load_version() == 1
+        assert s.task_state("j/0") == TaskState.BOUND
+        assert s.task_state("j/1") == TaskState.PENDING
+        s.commit(3, [("j/1", "n2", ())], [("j/0", TaskState.PREEMPTED)])
+    # visible after reopening, and to another connection
+    other = sqlite3.connect(db)
+    assert other.execute("SELECT task_id, state, node FROM tasks ORDER BY task_id").fetchall() == [
+        ("j/0", "preempted", "n1"),
+        ("j/1", "bound", "n2"),
+    ]
+    assert other.execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == (3,)
+    other.close()
+
+
+def test_commit_stores_a_job_it_is_given_when_missing(db: Path) -> None:
+    job = make_job("late").cpu("1").replicas(2).build()
+    with Store(db) as s:
+        s.commit(4, [("late/1", "n1", ())], [], jobs={"late": job})
+        assert s.get_job("late") == job
+    with Store(db) as s:
+        ((_, tasks),) = s.load_jobs()
+    assert tasks == [(0, TaskState.PENDING, None, ()), (1, TaskState.BOUND, "n1", ())]
+
+
+def test_wal_mode_and_schema(db: Path) -> None:
+    with Store(db) as s:
+        assert s.journal_mode == "wal"
+        assert s.schema_version == SCHEMA_VERSION
+        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    raw = sqlite3.connect(db)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent in the file
+    raw.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,))
+    raw.commit()
+    raw.close()
+    with pytest.raises(RuntimeError, match="newer"):
+        Store(db)
+
+
+def test_find_submission_and_duplicates(db: Path) -> None:
+    a = replace(make_job("a").cpu("1").build(), submission_id="req-1")
+    with Store(db) as s:
+        assert s.find_submission("req-1") is None
+        assert s.find_submission("") is None
+        s.add_jobs([a, make_job("b").cpu("1").build()])
+        assert s.find_submission("req-1") == "a"
+        with pytest.raises(ValueError, match="already used"):
+            s.add_jobs([make_job("c").build(), replace(make_job("d").build(), submission_id="req-1")])
+        with pytest.raises(ValueError, match="already stored"):
+            s.add_jobs([make_job("a").build()])
+        with pytest.raises(ValueError, match="already stored"):
+            s.add_jobs([make_job("e").build(), make_job("e").build()])
+        # nothing of a refused call was stored
+        assert [j.id for j, _ in s.load_jobs()] == ["a", "b"]
+    with Store(db) as s:
+        assert s.find_submission("req-1") == "a"
+
+
+def test_set_task_states_and_job_state(db: Path) -> None:
+    with Store(db) as s:
+        s.add_jobs([make_job("j").cpu("1").replicas(2).build()])
+        s.commit(1, [("j/0", "n1", ((0, 500),))], [])
+        s.set_task_states([("j/0", TaskState.RUNNING), ("j/1", TaskState.SCHEDULED)])
+        assert s.task_state("j/0") == TaskState.RUNNING
+        assert [b.state for b in s.load_bound()] == [TaskState.RUNNING]
+        s.set_task_states([("j/0", TaskState.PREEMPTED)])
+        s.set_task_states([("j/0", TaskState.PENDING), ("j/1", TaskState.PENDING)])
+        ((_, tasks),) = s.load_jobs()
+        assert tasks == [(0, TaskState.PENDING, None, ()), (1, TaskState.PENDING, None, ())]
+        assert s.task_attempt("j/0") == 1  # requeued once
+        assert s.task_attempt("j/1") == 1  # scheduled -> pending: a new attempt too
+        assert s.load_bound() == []
+        s.set_job_state("j", JobState.RUNNING)
+        assert s.get_job_state("j") == JobState.RUNNING
+
+
+def test_nodes_round_trip(db: Path) -> None:
+    n1 = (
+        make_node("n1")
+        .gpus(4, nvlink_pairs=True)
+        .label(zone="a")
+        .taint("gpu")
+        .extended("rdma/hca", 2)
+        .build()
+    )
+    n2 = make_node("n2").cpu("8").build()
+    with Store(db) as s:
+        s.upsert_nodes([n1, n2], version=2)
+        s.upsert_nodes([replace(n1, state=NodeState.CORDONED)], version=3)
+        assert s.load_version() == 3
+    with Store(db) as s:
+        assert s.load_nodes() == [replace(n1, state=NodeState.CORDONED), n2]
+        stored_state = s._conn.execute("SELECT state FROM nodes WHERE name = 'n1'").fetchone()[0]
+        assert stored_state == "cordoned"
+        s.add_jobs([make_job("j").cpu("1").build()])
+        s.commit(4, [("j/0", "n2", ())], [])
+        s.remove_node("n2", version=5, state_changes=[("j/0", TaskState.PENDING)])
+    with Store(db) as s:
+        assert s.load_nodes() == [replace(n1, state=NodeState.CORDONED)]
+        assert s.load_version() == 5
+        assert s.task_state("j/0") == TaskState.PENDING
+
+
+def test_gpu_text() -> None:
+    assert gpus_to_text(()) == ""
+    assert gpus_from_text("") == ()
+    pairs = ((0, 1000), (7, 250))
+    assert gpus_from_text(gpus_to_text(pairs)) == pairs
