@@ -1,8 +1,19 @@
 """The Binder: the single writer of the truth (a Nomad-style plan applier).
 
 Shards propose placements from cached views; the binder checks each proposal against the
-authoritative arrays with named stages, applies what passes (evict victims, then bind), persists the
-batch in one store transaction, and answers with the changes since the shard's last view.
+authoritative arrays with named stages (binder/stages.py), applies what passes (evict victims,
+confirm they are gone, then bind), persists the whole batch in one store transaction, and answers
+with the changes since the shard's last view (binder/changelog.py).
+
+    Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000)
+    .commit(batch: ProposalBatch) -> BindReply
+    .add_nodes(nodes) -> int            .set_node_state(name, state) -> int
+    .remove_node(name) -> list[str]     .release(task_ids, reason) -> list[str]
+    .changes_since(version) -> (changes, version, resync)    .snapshot() -> list[Change]
+    .version  .state (ClusterArrays)  .snapshot_nodes()  .resident(task_id)  .view()
+
+Versions: one per change entry; a call that changes nothing (e.g. a batch whose proposals are
+all rejected) does not bump the version.
 """
 
 import logging
@@ -275,7 +286,6 @@ class Binder:
             return
         all_rows: list[int] = []
         residents: list[Resident] = []
-        nodes = self.truth.arrays.nodes
         for unit in clean:
             p = proposals[unit.index]
             job = p.job
@@ -286,7 +296,6 @@ class Binder:
                 all_rows.append(row)
                 changes.append(TaskBound(pl.node, r))
                 writes.bind(r.task_id, pl.node, pl.gpus)
-            assert all(nodes[row] is not None for row in unit.rows)
             outcomes[unit.index] = _Outcome(
                 accepted=AcceptedUnit(job.id, list(p.placements), now), changes=changes
             )

@@ -51,13 +51,16 @@ class BinderState:
         return "" if node is None else node.name
 
     def iter_residents(self) -> Iterator[tuple[str, Resident]]:
+        """(node name, resident) for every resident, by row then task id (the same order whichever
+        path placed them)."""
         a = self.arrays
         for row in range(a.n):
             node = a.nodes[row]
             if node is None:
                 continue
-            for r in a.residents[row].values():
-                yield node.name, r
+            residents = a.residents[row]
+            for tid in sorted(residents):
+                yield node.name, residents[tid]
 
     # -- nodes ------------------------------------------------------------------------------------
     def upsert_node(self, node: Node) -> int:

@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
+# Queue, tenant and role names: lower-case DNS-label-like words.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
+
+
 class QueuePolicy(enum.StrEnum):
     FIFO = "fifo"
     PRIORITY = "priority"  # priority with aging
@@ -24,7 +28,7 @@ class QueuePolicy(enum.StrEnum):
 class QueueConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
     policy: QueuePolicy = QueuePolicy.FIFO
     # Capacity: share of the cluster (dominant resource) guaranteed to the queue, and its cap.
     guarantee: float = Field(default=0.0, ge=0.0, le=1.0)

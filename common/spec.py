@@ -85,6 +85,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
+from gosched.common.config import NAME_PATTERN
 from gosched.common.cluster_state import MAX_GPUS
 from gosched.common.errors import QuantityError, SpecError
 from gosched.common.job import (
@@ -122,7 +123,7 @@ MIB = 2**20
 _MISSING: Any = object()  # "key absent", distinct from an explicit null
 
 _ID = re.compile(r"[A-Za-z0-9._-]+")
-_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")  # QueueConfig.name in config.py
+_QUEUE_NAME = re.compile(NAME_PATTERN.strip("^$"))
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

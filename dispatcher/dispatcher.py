@@ -8,6 +8,19 @@ Flow of one job:
     on_unschedulable: -> pending, parked with exponential backoff, diagnosis kept for explain()
     eviction / release: bound -> preempted -> pending (requeued) or -> a final state
 
+Retrying the unschedulable: a parked job waits out its backoff (retry_backoff_s doubling per
+attempt, capped at retry_backoff_max_s), and then is retried only once the cluster has changed in a
+way that may make room (capacity set, tasks released or evicted, a cancel, a partition change; or
+notify_cluster_changed()). Until then it is dormant, and it is retried anyway retry_backoff_max_s
+after it was parked, so a missed change cannot strand it. Without the change gate a zero backoff
+would retry an unplaceable gang every round, and a backlog of them would keep the shards busy for
+nothing.
+
+A shard's view lags the changes the dispatcher hears of: it learns them with its next binder
+reply. So a shard's unschedulable verdict is trusted to reflect the cluster only as of the
+dispatcher's previous batch to that shard; a job judged on an older view is tried again after its
+backoff instead of going dormant, and without any change it goes dormant at once.
+
 A job has at most one unit in flight. Tasks that become pending while it is out (an eviction of
 one of its bound tasks) wait until that unit is answered, then the job is queued again for all of
 its pending tasks. Units answered for attempts that are no longer current are ignored.
@@ -31,7 +44,7 @@ from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import NOT_ELIGIBLE, CapacityPlanner
 from gosched.dispatcher.partition import Partitioner
 from gosched.dispatcher.queues import PolicyQueue, make_queue
-from gosched.dispatcher.records import JobRecord, Where
+from gosched.dispatcher.records import FinishedJob, JobRecord, Where, job_state_of
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
 
@@ -54,8 +67,16 @@ Updates = list[tuple[str, TaskState]]
 
 
 class Dispatcher:
+    """See the module docstring. `finished_retention`: how many finished jobs stay queryable
+    (job_state, task_states, explain) after their record is dropped; the store keeps them all."""
+
     def __init__(
-        self, settings: Settings, *, store: JobStore | None = None, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        *,
+        store: JobStore | None = None,
+        clock: Callable[[], float] = time.time,
+        finished_retention: int = 100_000,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -67,14 +88,22 @@ class Dispatcher:
         self._queue_index = {q.name: i for i, q in enumerate(settings.queues)}
         self._queues: list[PolicyQueue[JobRecord]] = [make_queue(q, self.usage) for q in settings.queues]
         self._jobs: dict[str, JobRecord] = {}
+        self._finished: dict[str, FinishedJob] = {}  # oldest first
+        self.finished_retention = finished_retention
         self._submissions: dict[str, str] = {}
         self._seq = 0
-        self._parked: list[tuple[float, int, JobRecord]] = []  # (ready_at, park token, record)
+        self._parked: list[tuple[float, int, JobRecord]] = []  # (end of backoff, park token, record)
+        self._dormant: list[tuple[float, int, JobRecord]] = []  # (periodic retry time, park token, record)
         self._park_seq = 0
+        self._epoch = 0  # bumped by every cluster change that may make room
+        self._backing_off = 0  # jobs parked whose backoff has not ended
+        self._partition_version = self.partitions.version
         self._shard_load: list[int] = []  # units in flight per shard
+        self._shard_epoch: list[int] = []  # cluster epoch when each shard was last sent a batch
         self._inflight_by_shard: list[dict[str, JobRecord]] = []
-        self._waiting = 0  # jobs queued or parked
+        self._waiting = 0  # jobs queued, backing off or dormant
         self._inflight = 0  # units in flight
+        self.skipped_on_restore: list[str] = []  # stored jobs of queues no longer configured
         self._ensure_shards(self.partitions.shards)
 
     # -- submission ---------------------------------------------------------------------------------
@@ -104,7 +133,7 @@ class Dispatcher:
                     ids.append(existing)
                     continue
                 batch_subs[sid] = job.id
-            if job.id in self._jobs or job.id in batch_ids:
+            if job.id in self._jobs or job.id in self._finished or job.id in batch_ids:
                 raise SpecError("id", f"job id {job.id!r} already exists")
             batch_ids.add(job.id)
             if not job.submit_time:
@@ -151,7 +180,10 @@ class Dispatcher:
         most `max_units` in all.
         """
         now = self.clock()
-        if self._parked:
+        if self.partitions.version != self._partition_version:
+            self._partition_version = self.partitions.version
+            self.notify_cluster_changed()
+        if self._parked or self._dormant:
             self._release_parked(now)
         n_shards = self.partitions.shards
         self._ensure_shards(n_shards)
@@ -202,6 +234,7 @@ class Dispatcher:
                 pq.pop()
                 rec.where = Where.NONE
                 self._waiting -= 1
+                self._maybe_finish(rec)
                 continue
             idx = rec.pending_indexes()
             cpu, mem, gpu = rec.cost_of(idx)
@@ -224,7 +257,10 @@ class Dispatcher:
             n += 1
         if store is not None and updates:
             store.set_task_states(updates)
-        return [UnitBatch(s, units) for s, units in enumerate(batches) if units]
+        out = [UnitBatch(s, units) for s, units in enumerate(batches) if units]
+        for b in out:
+            self._shard_epoch[b.shard_id] = self._epoch
+        return out
 
     def _dispatch(
         self,
@@ -244,6 +280,7 @@ class Dispatcher:
         rec.n_scheduled += count
         rec.attempt = rec.dispatches
         rec.dispatches += 1
+        rec.trust_epoch = self._shard_epoch[shard]
         rec.unsched = False
         rec.where = Where.INFLIGHT
         rec.shard = rec.last_shard = shard
@@ -304,6 +341,8 @@ class Dispatcher:
             self._apply(rec, [(ev.task_index, PREEMPTED), (ev.task_index, then)], updates)
             rec.note = f"task {ev.task_index} preempted by {ev.preemptor or 'a gang break'}"
             self._requeue_if_idle(rec)
+        if reply.evicted:
+            self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         return orphans
@@ -331,6 +370,7 @@ class Dispatcher:
         """Tasks that stopped holding resources: finished (succeeded, failed, cancelled), or back to
         pending (PENDING: node lost; PREEMPTED: evicted) and then queued again."""
         updates: Updates = []
+        freed = False
         for tid in task_ids:
             job_id, index = split_task_id(tid)
             rec = self._jobs.get(job_id)
@@ -339,6 +379,7 @@ class Dispatcher:
             current = rec.states[index]
             if current is final_state:
                 continue
+            freed = freed or current in HOLDS_RESOURCES
             if final_state is PREEMPTED or final_state is PENDING:
                 if current in TERMINAL:
                     continue
@@ -352,6 +393,9 @@ class Dispatcher:
                 self._apply(rec, [(index, final_state)], updates)
                 if rec.where is Where.INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
+                self._maybe_finish(rec)
+        if freed:
+            self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
 
@@ -361,6 +405,8 @@ class Dispatcher:
         Returns the ids of the tasks that were holding resources: the caller frees them at the
         binder (a later on_released for them is a no-op). Cancelling twice returns [] the second time.
         """
+        if job_id in self._finished:
+            return []
         rec = self._jobs[job_id]
         if rec.cancelled:
             return []
@@ -369,7 +415,9 @@ class Dispatcher:
             self._queues[rec.qi].remove(job_id)
             self._waiting -= 1
             rec.where = Where.NONE
-        elif rec.where is Where.PARKED:
+        elif rec.where is Where.PARKED or rec.where is Where.DORMANT:
+            if rec.where is Where.PARKED:
+                self._backing_off -= 1
             rec.park_token = -1
             self._waiting -= 1
             rec.where = Where.NONE
@@ -379,6 +427,9 @@ class Dispatcher:
         if rec.where is Where.INFLIGHT:
             self._resolve(rec, self.clock(), backoff=False)
         rec.note = "cancelled"
+        self._maybe_finish(rec)
+        if holding:
+            self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         return [task_id(job_id, i) for i in holding]
@@ -467,10 +518,26 @@ class Dispatcher:
             delay = backoff_delay(
                 self.settings.retry_backoff_s, self.settings.retry_backoff_max_s, rec.failures
             )
-            if delay > 0:
-                self._park(rec, now + delay)
-                return
+            self._park(rec, now, delay)
+            return
         self._enqueue(rec)
+
+    def _maybe_finish(self, rec: JobRecord) -> None:
+        """Drop the record of a job whose every task has ended, keeping a small summary."""
+        if rec.where is not Where.NONE or rec.n_pending or rec.n_scheduled or rec.n_held:
+            return
+        del self._jobs[rec.job_id]
+        state = job_state_of(rec.states, rec.job.min_member, rec.cancelled)
+        self._retain(FinishedJob(rec.job, state, tuple(rec.states), rec.note))
+
+    def _retain(self, done: FinishedJob) -> None:
+        finished = self._finished
+        finished[done.job.id] = done
+        while len(finished) > self.finished_retention:
+            oldest = next(iter(finished))
+            job = finished.pop(oldest).job
+            if job.submission_id and self._submissions.get(job.submission_id) == oldest:
+                del self._submissions[job.submission_id]
 
     def _requeue_if_idle(self, rec: JobRecord) -> None:
         if rec.where is Where.NONE and rec.n_pending and not rec.cancelled:
@@ -481,39 +548,74 @@ class Dispatcher:
         self._queues[rec.qi].push(rec)
         self._waiting += 1
 
-    def _park(self, rec: JobRecord, ready_at: float) -> None:
+    def _park(self, rec: JobRecord, now: float, delay: float) -> None:
         self._park_seq += 1
         rec.where = Where.PARKED
-        rec.ready_at = ready_at
+        rec.parked_at = now
+        rec.ready_at = now + delay
+        rec.park_epoch = rec.trust_epoch  # what the verdict can be trusted to have seen
         rec.park_token = self._park_seq
-        heapq.heappush(self._parked, (ready_at, self._park_seq, rec))
+        heapq.heappush(self._parked, (rec.ready_at, self._park_seq, rec))
         self._waiting += 1
+        self._backing_off += 1
 
     def _release_parked(self, now: float) -> None:
-        parked = self._parked
+        """Queue the parked jobs whose backoff is over if the cluster changed since; the others
+        go dormant until it does (or until their periodic retry)."""
+        parked, dormant = self._parked, self._dormant
+        max_wait = self.settings.retry_backoff_max_s
         while parked and parked[0][0] <= now:
             _, token, rec = heapq.heappop(parked)
             if rec.park_token != token or rec.where is not Where.PARKED:
                 continue
-            rec.where = Where.QUEUED
-            self._queues[rec.qi].push(rec)
+            self._backing_off -= 1
+            retry_at = rec.parked_at + max_wait
+            if rec.park_epoch != self._epoch or retry_at <= now:
+                self._unpark(rec)
+            else:
+                rec.where = Where.DORMANT
+                rec.ready_at = retry_at
+                heapq.heappush(dormant, (retry_at, token, rec))
+        while dormant and dormant[0][0] <= now:
+            _, token, rec = heapq.heappop(dormant)
+            if rec.park_token == token and rec.where is Where.DORMANT:
+                self._unpark(rec)
+
+    def _unpark(self, rec: JobRecord) -> None:
+        rec.where = Where.QUEUED
+        self._queues[rec.qi].push(rec)
+
+    def notify_cluster_changed(self) -> None:
+        """Something may have made room (nodes, capacity, releases): retry the dormant jobs, and
+        let the ones still backing off retry as soon as their backoff ends."""
+        self._epoch += 1
+        if self._dormant:
+            for _, token, rec in self._dormant:
+                if rec.park_token == token and rec.where is Where.DORMANT:
+                    self._unpark(rec)
+            self._dormant.clear()
 
     def _ensure_shards(self, n: int) -> None:
         while len(self._shard_load) < n:
             self._shard_load.append(0)
+            self._shard_epoch.append(self._epoch)
             self._inflight_by_shard.append({})
 
     # -- restart -----------------------------------------------------------------------------------------
     def restore(self) -> int:
         """Reload jobs from the store after a restart. Pending and scheduled tasks become pending and
-        are queued again; bound and running ones count in usage. Returns the jobs restored."""
+        are queued again; bound and running ones count in usage. Returns the jobs restored; jobs
+        of queues no longer configured are left in the store and listed in skipped_on_restore."""
         if self.store is None:
             return 0
         loaded = sorted(self.store.load_jobs(), key=lambda item: item[0].submit_time)
         updates: Updates = []
         restored = 0
         for job, rows in loaded:
-            if job.id in self._jobs or job.queue not in self._queue_index:
+            if job.id in self._jobs or job.id in self._finished:
+                continue
+            if job.queue not in self._queue_index:
+                self.skipped_on_restore.append(job.id)
                 continue
             states = [PENDING] * job.total_replicas
             for index, state, _node, _gpus in rows:
@@ -521,6 +623,15 @@ class Dispatcher:
                     updates.append((task_id(job.id, index), PENDING))
                     state = PENDING
                 states[index] = state
+            if all(s in TERMINAL for s in states):
+                if job.submission_id:
+                    self._submissions[job.submission_id] = job.id
+                cancelled = CANCELLED in states
+                self._retain(
+                    FinishedJob(job, job_state_of(states, job.min_member, cancelled), tuple(states), "")
+                )
+                restored += 1
+                continue
             self._seq += 1
             rec = JobRecord(job, self._seq, self._queue_index[job.queue], states)
             rec.cancelled = CANCELLED in states
@@ -541,6 +652,7 @@ class Dispatcher:
     def set_cluster_capacity(self, cpu_milli: int, memory: int, gpu_milli: int) -> None:
         """The cluster total that shares, guarantees and max_share are measured against."""
         self.usage.set_capacity(cpu_milli, memory, gpu_milli)
+        self.notify_cluster_changed()
 
     def queue_shares(self) -> dict[str, float]:
         """Dominant share of each queue (held + in flight)."""
@@ -548,37 +660,34 @@ class Dispatcher:
 
     # -- queries --------------------------------------------------------------------------------------------
     def job_state(self, job_id: str) -> JobState:
-        rec = self._jobs[job_id]
-        states = rec.states
-        if rec.cancelled:
-            return JobState.CANCELLED
-        if all(s in TERMINAL for s in states):
-            if TaskState.FAILED in states:
-                return JobState.FAILED
-            if all(s is TaskState.SUCCEEDED for s in states):
-                return JobState.SUCCEEDED
-            return JobState.CANCELLED
-        done = sum(1 for s in states if s is TaskState.SUCCEEDED)
-        if rec.n_held and rec.n_held + done >= rec.job.min_member:
-            return JobState.RUNNING
-        return JobState.PENDING
+        rec = self._jobs.get(job_id)
+        if rec is None:
+            return self._finished[job_id].state
+        return job_state_of(rec.states, rec.job.min_member, rec.cancelled)
 
     def task_states(self, job_id: str) -> list[TaskState]:
-        return list(self._jobs[job_id].states)
+        rec = self._jobs.get(job_id)
+        return list(self._finished[job_id].states if rec is None else rec.states)
 
     def job(self, job_id: str) -> Job:
-        return self._jobs[job_id].job
+        rec = self._jobs.get(job_id)
+        return self._finished[job_id].job if rec is None else rec.job
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._jobs
+        return job_id in self._jobs or job_id in self._finished
+
+    def active_count(self) -> int:
+        """Jobs with a task not yet ended (their full records are in memory)."""
+        return len(self._jobs)
 
     def pending_count(self) -> int:
-        """Jobs waiting for dispatch: queued, or backing off before a retry."""
+        """Jobs waiting for dispatch: queued, backing off, or dormant (waiting for room)."""
         return self._waiting
 
     def waiting_count(self) -> int:
-        """Same as pending_count: jobs queued or backing off."""
-        return self._waiting
+        """Jobs still in their retry backoff: they become dispatchable by waiting alone (if the
+        cluster has changed since they were parked)."""
+        return self._backing_off
 
     def in_flight_count(self) -> int:
         """Units dispatched to shards and not yet answered."""
@@ -590,21 +699,26 @@ class Dispatcher:
 
     def explain(self, job_id: str) -> str:
         """Why the job is where it is: state, tasks, retry timing, last diagnosis or rejection."""
-        rec = self._jobs[job_id]
-        counts: dict[str, int] = {}
-        for s in rec.states:
-            counts[s.value] = counts.get(s.value, 0) + 1
-        tasks = ", ".join(f"{n} {state}" for state, n in counts.items())
-        state = self.job_state(job_id).value
-        lines = [f"job {job_id} (queue {rec.queue}, tenant {rec.tenant}): {state}; tasks: {tasks}"]
+        rec = self._jobs.get(job_id)
+        if rec is None:
+            done = self._finished[job_id]
+            head = _summary(done.job, done.state, done.states)
+            return f"{head} (finished)" + (f"\n{done.note}" if done.note else "")
+        lines = [_summary(rec.job, self.job_state(job_id), rec.states)]
         if rec.where is Where.PARKED:
             wait = max(0.0, rec.ready_at - self.clock())
             lines.append(f"backing off after {rec.failures} unschedulable attempt(s); retry in {wait:.3f}s")
+        elif rec.where is Where.DORMANT:
+            wait = max(0.0, rec.ready_at - self.clock())
+            lines.append(
+                f"unschedulable ({rec.failures} attempt(s)); waiting for the cluster to change, "
+                f"or a periodic retry in {wait:.3f}s"
+            )
         elif rec.where is Where.INFLIGHT:
             lines.append(f"attempt {rec.attempt} in flight at shard {rec.shard}")
         elif rec.where is Where.QUEUED:
             lines.append(f"queued, {rec.dispatches} attempt(s) so far")
-        if rec.where in (Where.QUEUED, Where.PARKED):
+        if rec.where in (Where.QUEUED, Where.PARKED, Where.DORMANT):
             capacity = self._capacity_note(rec)
             if capacity:
                 lines.append(capacity)
@@ -626,6 +740,14 @@ class Dispatcher:
             f"job's pending tasks would take it to {after:.1%}, above its max_share "
             f"{self.capacity.max_shares[rec.qi]:.0%}"
         )
+
+
+def _summary(job: Job, state: JobState, states: Sequence[TaskState]) -> str:
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s.value] = counts.get(s.value, 0) + 1
+    tasks = ", ".join(f"{n} {st}" for st, n in counts.items())
+    return f"job {job.id} (queue {job.queue}, tenant {job.tenant}): {state.value}; tasks: {tasks}"
 
 
 def backoff_delay(base: float, cap: float, failures: int) -> float:

@@ -1,10 +1,11 @@
 """The dispatcher's per-job record: task states, counts, where the job is, and retry bookkeeping."""
 
 import enum
+from dataclasses import dataclass
 
 from gosched.common.job import Job
 from gosched.common.messages import Diagnosis
-from gosched.common.states import HOLDS_RESOURCES, TaskState
+from gosched.common.states import HOLDS_RESOURCES, TERMINAL, JobState, TaskState
 
 Cost = tuple[int, int, int]  # cpu milli, memory bytes, gpu milli
 
@@ -12,7 +13,8 @@ Cost = tuple[int, int, int]  # cpu milli, memory bytes, gpu milli
 class Where(enum.Enum):
     NONE = "idle"  # nothing to dispatch (all placed, finished or cancelled)
     QUEUED = "queued"  # in its queue, ready
-    PARKED = "backing off"  # waiting for its retry time
+    PARKED = "backing off"  # unschedulable: waiting for its retry time
+    DORMANT = "dormant"  # backoff over: waiting for the cluster to change (or the periodic retry)
     INFLIGHT = "in flight"  # one unit at a shard or the binder (at most one per job)
 
 
@@ -33,7 +35,9 @@ class JobRecord:
         "n_pending",
         "n_scheduled",
         "note",
+        "park_epoch",
         "park_token",
+        "parked_at",
         "qi",
         "queue",
         "ready_at",
@@ -41,6 +45,7 @@ class JobRecord:
         "shard",
         "states",
         "tenant",
+        "trust_epoch",
         "uniform",
         "unsched",
         "where",
@@ -76,7 +81,12 @@ class JobRecord:
         self.unsched = False  # the unit in flight had tasks the shard could not place
         self.shard = -1  # shard holding the unit in flight
         self.last_shard = -1
-        self.ready_at = 0.0
+        self.ready_at = 0.0  # end of the backoff (parked) or of the dormant wait
+        self.parked_at = 0.0
+        # Cluster epochs (see Dispatcher.notify_cluster_changed): the latest one the shard's verdict on
+        # the unit in flight can be trusted to have seen, and the one the job's parking is measured by.
+        self.trust_epoch = 0
+        self.park_epoch = 0
         self.park_token = 0
         self.cancelled = False
         self.diagnosis: Diagnosis | None = None
@@ -108,3 +118,31 @@ class JobRecord:
 
     def indexes_in(self, state: TaskState) -> list[int]:
         return [i for i, s in enumerate(self.states) if s is state]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """What is kept of a job once every task has ended (the full record is dropped)."""
+
+    job: Job
+    state: JobState
+    states: tuple[TaskState, ...]
+    note: str
+
+
+def job_state_of(
+    states: list[TaskState] | tuple[TaskState, ...], min_member: int, cancelled: bool
+) -> JobState:
+    if cancelled:
+        return JobState.CANCELLED
+    if all(s in TERMINAL for s in states):
+        if TaskState.FAILED in states:
+            return JobState.FAILED
+        if all(s is TaskState.SUCCEEDED for s in states):
+            return JobState.SUCCEEDED
+        return JobState.CANCELLED
+    held = sum(1 for s in states if s in HOLDS_RESOURCES)
+    done = sum(1 for s in states if s is TaskState.SUCCEEDED)
+    if held and held + done >= min_member:
+        return JobState.RUNNING
+    return JobState.PENDING

@@ -64,14 +64,18 @@ class Pipeline:
     def add_nodes(self, nodes: Sequence[Node]) -> None:
         self.binder.add_nodes(nodes)
         self._nodes_changed(nodes, [])
+        self._sync_all()
 
     def remove_node(self, name: str) -> None:
+        """The node is gone: its tasks lost their place and are scheduled again."""
         lost = self.binder.remove_node(name)
         self.dispatcher.on_released(lost, TaskState.PENDING)
         self._nodes_changed([], [name])
+        self._sync_all()
 
     def set_node_state(self, name: str, state: NodeState) -> None:
         self.binder.set_node_state(name, state)
+        self.dispatcher.notify_cluster_changed()
         self._sync_all()
 
     def _nodes_changed(self, added: Sequence[Node], removed: Sequence[str]) -> None:
@@ -126,7 +130,9 @@ class Pipeline:
             td = time.perf_counter()
             self.shards[batch.shard_id].apply_reply(reply)
             te = time.perf_counter()
-            self.dispatcher.on_reply(reply)
+            orphaned = self.dispatcher.on_reply(reply)
+            if orphaned:  # bound for a job cancelled while its unit was in flight
+                self.binder.release(orphaned, TaskState.CANCELLED.value)
             if batch.unschedulable:
                 self.dispatcher.on_unschedulable(batch.unschedulable)
             tf = time.perf_counter()

@@ -50,7 +50,8 @@ class JobBuilder:
         return self._res(gpu_memory_mib=mib)
 
     def extended(self, name: str, amount: int) -> Self:
-        return self._res(extended=((name, amount),))
+        merged = dict(self._group.resources.extended) | {name: amount}
+        return self._res(extended=tuple(sorted(merged.items())))
 
     def gpu_model(self, *models: str) -> Self:
         self._group = replace(self._group, gpu_models=tuple(models))

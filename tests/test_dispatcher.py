@@ -20,8 +20,8 @@ from tests.test_dispatcher_support import (
     job_ids,
     reject,
     settings,
-    unschedulable,
     units,
+    unschedulable,
 )
 
 P, S, B, C = TaskState.PENDING, TaskState.SCHEDULED, TaskState.BOUND, TaskState.CANCELLED
@@ -61,7 +61,7 @@ def test_accepted_placements_bind_tasks_and_count_usage():
 
 
 @pytest.mark.parametrize(
-    ("replicas", "min_member", "first_bound", "second_indexes", "second_min_needed"),
+    ("replicas", "min_member", "first_bound", "second_indexes", "second_need"),
     [
         (4, 4, [0, 1, 2], (3,), 1),  # 3 held < 4: max(1, 4 - 3)
         (4, 3, [0, 1], (2, 3), 1),  # 2 held < 3: max(1, 1)
@@ -69,7 +69,7 @@ def test_accepted_placements_bind_tasks_and_count_usage():
         (6, 5, [0], (1, 2, 3, 4, 5), 4),  # 1 held < 5: 4 more
     ],
 )
-def test_min_needed_counts_tasks_already_held(replicas, min_member, first_bound, second_indexes, second_min_needed):
+def test_min_needed_counts_tasks_already_held(replicas, min_member, first_bound, second_indexes, second_need):
     d, clock = dispatcher(backoff=1.0)
     d.submit(make_job("g").cpu("1").replicas(replicas).min_member(min_member).build())
     (u1,) = units(d.next_batches())
@@ -77,10 +77,11 @@ def test_min_needed_counts_tasks_already_held(replicas, min_member, first_bound,
     d.on_reply(accept_tasks("g", first_bound))  # the rest could not be placed
     assert d.task_states("g").count(B) == len(first_bound)
     assert d.next_batches() == []  # leftovers back off
+    d.notify_cluster_changed()  # e.g. a node was added
     clock.advance(1.0)
     (u2,) = units(d.next_batches())
     assert u2.task_indexes == second_indexes
-    assert u2.min_needed == second_min_needed
+    assert u2.min_needed == second_need
     assert u2.attempt == 1
 
 
@@ -125,11 +126,82 @@ def test_unschedulable_parks_the_job_with_doubling_backoff(base, cap, expected_w
         assert u.attempt == attempt
         d.on_unschedulable([unschedulable(u)])
         assert d.task_states("j") == [P]
-        assert (d.pending_count(), d.in_flight_count()) == (1, 0)
+        assert (d.pending_count(), d.waiting_count(), d.in_flight_count()) == (1, 1, 0)
+        d.notify_cluster_changed()  # room may have been made: only the backoff holds it back
         clock.advance(wait - 1 / 64)
         assert d.next_batches() == []  # still backing off
         clock.advance(1 / 64)
     assert "0/10 nodes fit: 7 resources_fit, 3 gpu_model" in d.explain("j")
+
+
+def test_after_its_backoff_an_unschedulable_job_waits_for_the_cluster_to_change():
+    d, clock = dispatcher(backoff=0.0, backoff_max=10.0)
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    for _ in range(3):  # a zero backoff does not mean a retry every round
+        clock.advance(1.0)
+        assert d.next_batches() == []
+    assert (d.pending_count(), d.waiting_count()) == (1, 0)
+    assert "waiting for the cluster to change, or a periodic retry in 7.000s" in d.explain("j")
+    d.set_cluster_capacity(100 * CPU, 0, 0)  # a node was added
+    (u2,) = units(d.next_batches())
+    assert u2.attempt == 1
+
+
+def test_dormant_job_is_retried_periodically_without_any_change():
+    d, clock = dispatcher(backoff=0.5, backoff_max=4.0)
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    clock.advance(3.9)
+    assert d.next_batches() == []
+    clock.advance(0.1)  # retry_backoff_max_s after it was parked
+    assert len(units(d.next_batches())) == 1
+
+
+def test_a_change_during_the_backoff_still_waits_for_the_backoff():
+    d, clock = dispatcher(backoff=1.0, backoff_max=10.0)
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    d.notify_cluster_changed()
+    clock.advance(0.5)
+    assert d.next_batches() == []
+    assert d.waiting_count() == 1
+    clock.advance(0.5)
+    assert len(units(d.next_batches())) == 1
+
+
+@pytest.mark.parametrize("event", ["capacity", "released", "evicted", "cancel", "partition"])
+def test_cluster_changes_wake_dormant_jobs(event):
+    d, _ = dispatcher(backoff=0.0, backoff_max=100.0)
+    d.submit(make_job("holder").cpu("1").build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    assert d.next_batches() == []  # dormant
+    if event == "capacity":
+        d.set_cluster_capacity(10 * CPU, 0, 0)
+    elif event == "released":
+        d.on_released(["holder/0"], TaskState.SUCCEEDED)
+    elif event == "evicted":
+        d.on_reply(evict(("holder", 0)))
+    elif event == "cancel":
+        d.cancel("holder")
+    else:
+        d.partitions.add_nodes(["new-node"])
+    assert "j" in job_ids(d.next_batches())
+
+
+def test_a_reject_is_not_a_cluster_change():
+    d, _ = dispatcher(backoff=0.0, backoff_max=100.0)
+    d.submit_many([make_job("j").cpu("1").build(), make_job("k").cpu("1").build()])
+    uj, uk = sorted(units(d.next_batches()), key=lambda u: u.job.id)
+    d.on_unschedulable([unschedulable(uj)])
+    d.on_reply(reject([uk]))
+    assert job_ids(d.next_batches()) == ["k"]
 
 
 @pytest.mark.parametrize(
@@ -184,6 +256,7 @@ def test_partly_placed_unit_proposal_and_leftovers_in_either_order(unschedulable
     assert d.job_state("j") is JobState.RUNNING
     assert d.in_flight_count() == 0
     assert d.next_batches() == []  # leftovers back off
+    d.notify_cluster_changed()
     clock.advance(1.0)
     (u2,) = units(d.next_batches())
     assert (u2.task_indexes, u2.min_needed, u2.attempt) == ((2, 3), 1, 1)
@@ -206,10 +279,11 @@ def test_eviction_returns_the_task_to_pending_and_requeues_its_job():
 
 
 def test_eviction_during_flight_is_folded_into_the_next_unit():
-    d, clock = dispatcher(backoff=0.0)
+    d, _ = dispatcher(backoff=0.0)
     d.submit(make_job("a").cpu("1").replicas(2).min_member(1).build())
-    (u,) = units(d.next_batches())
-    d.on_reply(accept_tasks("a", [0]))  # task 1 left over -> pending, retried at once (no backoff)
+    d.next_batches()
+    d.on_reply(accept_tasks("a", [0]))  # task 1 left over: pending, parked
+    d.notify_cluster_changed()  # with no backoff, a change lets it go at once
     (u2,) = units(d.next_batches())
     assert u2.task_indexes == (1,)
     d.on_reply(evict(("a", 0)))  # the unit for task 1 is still out: task 0 waits for it
@@ -283,7 +357,7 @@ def test_cancel_returns_tasks_holding_resources_and_frees_their_usage():
     d, _ = dispatcher(backoff=1.0)
     d.set_cluster_capacity(10 * CPU, 0, 0)
     d.submit(make_job("j").cpu("1").replicas(3).build())
-    (u,) = units(d.next_batches())
+    d.next_batches()
     d.on_reply(accept_tasks("j", [0]))  # task 0 bound; 1 and 2 left over, backing off
     assert d.queue_shares()["default"] == pytest.approx(0.1)
     assert d.cancel("j") == ["j/0"]
@@ -497,3 +571,46 @@ def test_restore_from_sqlite_store(tmp_path):
 def test_restore_without_store_is_a_no_op():
     d = Dispatcher(settings())
     assert d.restore() == 0
+
+
+def test_finished_jobs_leave_memory_but_stay_queryable():
+    d = Dispatcher(settings(), finished_retention=2)
+    d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(4)])
+    d.on_reply(accept(units(d.next_batches())))
+    assert d.active_count() == 4
+    d.on_released(["j0/0"], TaskState.SUCCEEDED)
+    d.on_released(["j1/0"], TaskState.FAILED)
+    assert d.active_count() == 2
+    assert d.job_state("j0") is JobState.SUCCEEDED and d.task_states("j0") == [TaskState.SUCCEEDED]
+    assert d.job_state("j1") is JobState.FAILED
+    assert d.explain("j1") == "job j1 (queue default, tenant default): failed; tasks: 1 failed (finished)"
+    assert d.cancel("j1") == []
+    d.cancel("j2")  # j2's record goes too; j0, the oldest finished, is forgotten
+    assert "j0" not in d and "j1" in d and "j2" in d
+    with pytest.raises(KeyError):
+        d.job_state("j0")
+    with pytest.raises(SpecError):  # a retained job's id cannot be reused
+        d.submit(make_job("j1").build())
+    assert d.on_reply(accept_tasks("j2", [0])) == ["j2/0"]  # a late bind of a finished job: release it
+
+
+def test_restore_keeps_finished_jobs_out_of_the_queues():
+    store = MemoryStore()
+    d, _ = dispatcher(store=store)
+    d.submit_many([make_job("a").cpu("1").build(), make_job("b").cpu("1").build()])
+    d.cancel("a")
+    d2, _ = dispatcher(store=store)
+    assert d2.restore() == 2
+    assert d2.active_count() == 1
+    assert d2.job_state("a") is JobState.CANCELLED
+    assert job_ids(d2.next_batches()) == ["b"]
+
+
+def test_restore_skips_jobs_of_queues_no_longer_configured():
+    store = MemoryStore()
+    d, _ = dispatcher(QueueConfig(name="a"), QueueConfig(name="b"), store=store)
+    d.submit_many([make_job("ja").queue("a").build(), make_job("jb").queue("b").build()])
+    d2, _ = dispatcher(QueueConfig(name="a"), store=store)
+    assert d2.restore() == 1
+    assert d2.skipped_on_restore == ["jb"]
+    assert "jb" not in d2

@@ -56,9 +56,8 @@ def test_token_bucket_per_tenant_with_a_fake_clock():
     with pytest.raises(AdmissionRejected) as err:
         d.submit(job("a4"))
     assert err.value.retry_after_s == pytest.approx(0.5)
-    assert "tenant 't' rate limit: needs 1 token(s), has 0.00 (rate 2/s, burst 3); retry after 0.500s" == str(
-        err.value
-    )
+    expected = "tenant 't' rate limit: needs 1 token(s), has 0.00 (rate 2/s, burst 3); retry after 0.500s"
+    assert str(err.value) == expected
     d.submit(job("other", tenant="u"))  # another tenant has its own bucket
     clock.advance(0.25)
     with pytest.raises(AdmissionRejected) as err:

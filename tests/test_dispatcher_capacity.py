@@ -91,8 +91,9 @@ def test_max_share_blocks_the_queue_head_but_not_other_queues():
     submit(d, "c", 3)
     us = units(d.next_batches())
     assert [u.job.queue for u in us] == ["c", "c", "c"]
-    assert "queue b is at 0.0% of the cluster and this job's pending tasks would take it to 60.0%, " in d.explain(
-        "b0"
+    assert (
+        "queue b is at 0.0% of the cluster and this job's pending tasks would take it to 60.0%, "
+        in d.explain("b0")
     )
 
 

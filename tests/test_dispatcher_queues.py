@@ -229,7 +229,9 @@ def test_drf_tenant_weights():
 
 def test_fair_share_weights_two_to_one_give_usage_two_to_one():
     d, _ = dispatcher(
-        QueueConfig(name="default", policy="fair", tenant_weights={"A": 2.0, "B": 1.0}), shards=1, batch_size=4
+        QueueConfig(name="default", policy="fair", tenant_weights={"A": 2.0, "B": 1.0}),
+        shards=1,
+        batch_size=4,
     )
     d.set_cluster_capacity(64 * CPU, 256 * GI, 16 * 1000)
     d.submit_many([make_job(f"a{i}").tenant("A").cpu("1").mem("4Gi").build() for i in range(100)])

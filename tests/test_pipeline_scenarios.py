@@ -78,7 +78,7 @@ def test_capacity_queues_borrow_then_reclaim_in_one_round(tmp_path: Path) -> Non
 
 def test_drf_equal_dominant_shares(tmp_path: Path) -> None:
     # 100 CPUs and 10 GPUs. A: 10 CPU per task (10% CPU); B: 1 CPU + 1 GPU (10% GPU).
-    nodes = [make_node(f"n{i}").cpu("50").mem("500Gi").gpus(5).build() for i in range(2)]
+    nodes = [make_node("n").cpu("100").mem("500Gi").gpus(10).build()]
     p = pipeline(tmp_path, nodes, shards=1, queues=[QueueConfig(name="default", policy=QueuePolicy.DRF)])
     jobs: list[Job] = []
     for i in range(20):
@@ -92,7 +92,7 @@ def test_drf_equal_dominant_shares(tmp_path: Path) -> None:
         for r in st.residents[row].values():
             used[r.tenant] += [r.cpu_milli / 100_000, sum(m for _, m in r.gpus) / 10_000]
     share_a, share_b = used["A"].max(), used["B"].max()
-    assert share_a >= 0.8 and share_b >= 0.8  # contention: both are served
+    assert share_a >= 0.8 - 1e-9 and share_b >= 0.8 - 1e-9  # contention: both are served
     assert abs(share_a - share_b) <= 0.1 + 1e-9  # equal within one task's dominant share
 
 
