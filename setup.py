@@ -17,4 +17,6 @@ for component in COMPONENTS:
     packages.extend(f"gosched.{component}.{sub}" for sub in find_packages(component))
 
 if __name__ == "__main__":
-    setup(package_dir=package_dir, packages=packages, package_data={"gosched.proto": ["*.proto", "**/*.proto"]})
+    setup(
+        package_dir=package_dir, packages=packages, package_data={"gosched.proto": ["*.proto", "**/*.proto"]}
+    )

@@ -37,20 +37,28 @@ class BenchResult:
     def line(self) -> str:
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.component_s.items())
         return (
-            f"{self.tasks_per_s:,.0f} tasks/s  ({self.bound:,} of {self.tasks:,} tasks bound on {self.nodes:,} nodes, "
-            f"{self.shards} shard(s), profile {self.profile}, {self.seconds:.2f}s)\n"
-            f"latency p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms; conflict rate {self.conflict_rate:.2%}; "
+            f"{self.tasks_per_s:,.0f} tasks/s  ({self.bound:,} of {self.tasks:,} tasks bound "
+            f"on {self.nodes:,} nodes, {self.shards} shard(s), profile {self.profile}, {self.seconds:.2f}s)\n"
+            f"latency p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms; "
+            f"conflict rate {self.conflict_rate:.2%}; "
             f"{self.rounds} rounds; time in {parts}"
         )
 
 
 def run_scheduling_basic(
-    nodes: int, tasks: int, shards: int, *, profile: ProfileConfig | None = None, batch_size: int = 512,
+    nodes: int,
+    tasks: int,
+    shards: int,
+    *,
+    profile: ProfileConfig | None = None,
+    batch_size: int = 512,
     store_dir: str | None = None,
 ) -> BenchResult:
     profile = profile or ProfileConfig()
     with tempfile.TemporaryDirectory(dir=store_dir) as tmp:
-        settings = Settings(shards=shards, batch_size=batch_size, profile=profile, store_path=str(Path(tmp) / "bench.db"))
+        settings = Settings(
+            shards=shards, batch_size=batch_size, profile=profile, store_path=str(Path(tmp) / "bench.db")
+        )
         pipeline = Pipeline(settings, nodes=sim_nodes(nodes, gpu_every=0))
         pipeline.submit_many(basic_jobs(tasks))
         start = time.perf_counter()

@@ -14,7 +14,9 @@ app.add_typer(config_app, name="config")
 
 @app.command()
 def bench(
-    in_process: Annotated[bool, typer.Option("--in-process", help="Run all components in this process.")] = False,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="Run all components in this process.")
+    ] = False,
     nodes: Annotated[int, typer.Option(help="Simulated nodes.")] = 10_000,
     pods: Annotated[int, typer.Option("--pods", "--tasks", help="Tasks to schedule.")] = 50_000,
     shards: Annotated[str, typer.Option(help="Shard counts, comma separated (e.g. 1,2,4).")] = "1",

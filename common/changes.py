@@ -16,9 +16,8 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
         state.release(change.task_id)
     elif isinstance(change, NodeUpserted):
         state.upsert_node(change.node)
-    elif isinstance(change, NodeRemoved):
-        if change.name in state.row_of:
-            state.remove_node(change.name)
+    elif isinstance(change, NodeRemoved) and change.name in state.row_of:
+        state.remove_node(change.name)
 
 
 def apply_changes(state: ClusterArrays, changes: list[Change]) -> None:

@@ -18,6 +18,7 @@ I32 = npt.NDArray[np.int32]
 B = npt.NDArray[np.bool_]
 
 MAX_GPUS = 16  # GPUs per node the arrays hold; larger nodes are refused at registration
+NO_VICTIM = np.iinfo(np.int64).max
 
 
 @dataclass(slots=True)
@@ -41,7 +42,9 @@ class Resident:
     disruption_budget: int | None = None
 
     @classmethod
-    def for_task(cls, job: Job, index: int, gpus: tuple[tuple[int, int], ...], start_time: float) -> "Resident":
+    def for_task(
+        cls, job: Job, index: int, gpus: tuple[tuple[int, int], ...], start_time: float
+    ) -> "Resident":
         """The resident record of task `index` of `job` holding `gpus`."""
         group = job.group_of(index)
         req = group.resources
@@ -104,6 +107,9 @@ class ClusterArrays:
         self.gpu_used_total: I64 = np.zeros(cap, np.int64)  # milli-GPU in use on the node
         self.schedulable: B = np.zeros(cap, np.bool_)
         self.alive: B = np.zeros(cap, np.bool_)
+        # Lowest priority among the row's preemptible residents (NO_VICTIM: none), so preemption
+        # can skip, in one vector comparison, nodes where nothing may be evicted.
+        self.min_victim_priority: I64 = np.full(cap, NO_VICTIM, np.int64)
 
     def _grow(self) -> None:
         old = {name: getattr(self, name) for name in _ARRAYS}
@@ -187,7 +193,16 @@ class ClusterArrays:
         node = self.nodes[row]
         assert node is not None
         self.upsert_node(
-            Node(node.name, node.cpu_milli, node.memory, node.gpus, node.labels, node.taints, node.extended, state)
+            Node(
+                node.name,
+                node.cpu_milli,
+                node.memory,
+                node.gpus,
+                node.labels,
+                node.taints,
+                node.extended,
+                state,
+            )
         )
 
     def remove_node(self, name: str) -> list[Resident]:
@@ -220,11 +235,16 @@ class ClusterArrays:
                 ext[self._ext_col(name)] += amount
             for g, milli in r.gpus:
                 free[g] -= milli
+        self._refresh_min_priority(row)
         self.cpu_used[row] = cpu
         self.mem_used[row] = mem
         self.ext_used[row, : ext.shape[0]] = ext
         self.gpu_free[row] = free
         self._refresh_gpu_summary(row)
+
+    def _refresh_min_priority(self, row: int) -> None:
+        prios = [r.priority for r in self.residents[row].values() if r.preemptible]
+        self.min_victim_priority[row] = min(prios) if prios else NO_VICTIM
 
     def _refresh_gpu_summary(self, row: int) -> None:
         if self.gpu_count[row] == 0:
@@ -271,6 +291,8 @@ class ClusterArrays:
             self._refresh_gpu_summary(row)
         self.residents[row][r.task_id] = r
         self.task_row[r.task_id] = row
+        if r.preemptible and r.priority < self.min_victim_priority[row]:
+            self.min_victim_priority[row] = r.priority
         self.dirty_log.append(row)
 
     def release(self, task_id: str) -> tuple[int, Resident] | None:
@@ -287,6 +309,8 @@ class ClusterArrays:
             for g, milli in r.gpus:
                 self.gpu_free[row, g] += milli
             self._refresh_gpu_summary(row)
+        if r.preemptible and r.priority == self.min_victim_priority[row]:
+            self._refresh_min_priority(row)
         self.dirty_log.append(row)
         return row, r
 
@@ -355,4 +379,5 @@ _ARRAYS = (
     "gpu_used_total",
     "schedulable",
     "alive",
+    "min_victim_priority",
 )

@@ -12,7 +12,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-
 # Queue, tenant and role names: lower-case DNS-label-like words.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
 
@@ -41,7 +40,9 @@ class QueueConfig(BaseModel):
     @model_validator(mode="after")
     def _guarantee_below_max(self) -> "QueueConfig":
         if self.guarantee > self.max_share:
-            raise ValueError(f"queue {self.name}: guarantee {self.guarantee} exceeds max_share {self.max_share}")
+            raise ValueError(
+                f"queue {self.name}: guarantee {self.guarantee} exceeds max_share {self.max_share}"
+            )
         return self
 
     @field_validator("tenant_weights")

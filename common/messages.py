@@ -58,7 +58,9 @@ class Diagnosis:
     note: str = ""
 
     def message(self) -> str:
-        parts = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.ruled_out.items(), key=lambda kv: -kv[1]))
+        parts = ", ".join(
+            f"{count:,} {reason}" for reason, count in sorted(self.ruled_out.items(), key=lambda kv: -kv[1])
+        )
         text = f"0/{self.total_nodes:,} nodes fit"
         if parts:
             text += f": {parts}"

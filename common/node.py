@@ -70,7 +70,7 @@ def make_node(
     numa_nodes: int = 1,
     nvlink_pairs: bool = False,
 ) -> Node:
-    """A node with `gpus` identical GPUs spread evenly over `numa_nodes`; optional NVLink pairs (0-1, 2-3, ...)."""
+    """A node with `gpus` identical GPUs spread evenly over `numa_nodes`, optionally NVLinked in pairs."""
     per_numa = max(1, -(-gpus // max(1, numa_nodes)))
     gpu_list = tuple(
         Gpu(

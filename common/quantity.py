@@ -68,7 +68,9 @@ def parse_bytes(text: str | int | float, what: str = "memory") -> int:
     elif suffix == "":
         scaled = value
     else:
-        raise QuantityError(f"{what} {text!r}: unknown unit {suffix!r} (use Ki, Mi, Gi, Ti, Pi, k, M, G, T, P)")
+        raise QuantityError(
+            f"{what} {text!r}: unknown unit {suffix!r} (use Ki, Mi, Gi, Ti, Pi, k, M, G, T, P)"
+        )
     return _whole(scaled, text, what)
 
 

@@ -85,8 +85,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from gosched.common.config import NAME_PATTERN
 from gosched.common.cluster_state import MAX_GPUS
+from gosched.common.config import NAME_PATTERN
 from gosched.common.errors import QuantityError, SpecError
 from gosched.common.job import (
     AntiAffinity,

@@ -39,7 +39,9 @@ HOLDS_RESOURCES = frozenset({S.BOUND, S.RUNNING})
 def check_transition(task_id: str, current: TaskState, target: TaskState) -> None:
     """Raise IllegalTransition unless current -> target is a legal edge."""
     if target not in LEGAL[current]:
-        raise IllegalTransition(f"task {task_id}: {current.value} -> {target.value} is not a legal transition")
+        raise IllegalTransition(
+            f"task {task_id}: {current.value} -> {target.value} is not a legal transition"
+        )
 
 
 class JobState(enum.StrEnum):

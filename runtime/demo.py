@@ -26,7 +26,9 @@ def local_node() -> Node:
                     mem = int(line.split()[1]) * 1024
     except OSError:
         mem = 8 * 2**30
-    return make_node(f"local-{socket.gethostname()}", (os.cpu_count() or 1) * 1000, mem, labels={"local": "true"})
+    return make_node(
+        f"local-{socket.gethostname()}", (os.cpu_count() or 1) * 1000, mem, labels={"local": "true"}
+    )
 
 
 def run_demo(nodes: int, jobs: int, shards: int, echo: Callable[[str], None] = print) -> None:
@@ -63,6 +65,9 @@ def run_demo(nodes: int, jobs: int, shards: int, echo: Callable[[str], None] = p
         total_gpu = int(state.gpu_count[: state.n].sum())
         used_cpu = int(state.cpu_used[: state.n].sum()) / 1000
         total_cpu = int(state.cpu_cap[: state.n].sum()) / 1000
-        echo(f"GPUs allocated: {used_gpu:.1f} of {total_gpu}; CPUs allocated: {used_cpu:.0f} of {total_cpu:.0f}")
+        echo(
+            f"GPUs allocated: {used_gpu:.1f} of {total_gpu}; "
+            f"CPUs allocated: {used_cpu:.0f} of {total_cpu:.0f}"
+        )
         echo(f"why is 'too-big' pending? {pipeline.dispatcher.explain('too-big')}")
         pipeline.close()

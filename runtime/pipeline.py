@@ -29,7 +29,9 @@ class PipelineStats:
     bound_tasks: int = 0
     unschedulable_units: int = 0
     latencies: list[float] = field(default_factory=list)  # seconds, dispatch -> bind
-    component_s: dict[str, float] = field(default_factory=lambda: {"dispatcher": 0.0, "shards": 0.0, "binder": 0.0})
+    component_s: dict[str, float] = field(
+        default_factory=lambda: {"dispatcher": 0.0, "shards": 0.0, "binder": 0.0}
+    )
 
     @property
     def conflict_rate(self) -> float:

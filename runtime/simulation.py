@@ -35,7 +35,9 @@ def sim_nodes(count: int, *, gpu_every: int = 4, prefix: str = "sim", zones: int
     return nodes
 
 
-def basic_jobs(count: int, *, prefix: str = "job", cpu_milli: int = 500, memory: int = GiB, start: int = 0) -> list[Job]:
+def basic_jobs(
+    count: int, *, prefix: str = "job", cpu_milli: int = 500, memory: int = GiB, start: int = 0
+) -> list[Job]:
     """SchedulingBasic-style single-task jobs with identical requests (kube scheduler_perf's shape)."""
     group = TaskGroup(
         role="main",

@@ -9,7 +9,9 @@ from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.unit_context import UnitContext
 
 
-def diagnose(profile: Profile, tc: TaskClass, state: ClusterArrays, ctx: UnitContext, note: str = "") -> Diagnosis:
+def diagnose(
+    profile: Profile, tc: TaskClass, state: ClusterArrays, ctx: UnitContext, note: str = ""
+) -> Diagnosis:
     alive = state.alive[: state.n].copy()
     remaining = alive.copy()
     counts: dict[str, int] = {}

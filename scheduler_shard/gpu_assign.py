@@ -35,9 +35,25 @@ def _best_subset(candidates: list[int], k: int, nvlink_row: np.ndarray) -> tuple
     return best, best_edges
 
 
-def choose_whole(free_gpus: list[int], k: int, numa_row: np.ndarray, nvlink_row: np.ndarray) -> list[int] | None:
+_memo: dict[tuple[bytes, bytes, tuple[int, ...], int], list[int]] = {}
+
+
+def choose_whole(
+    free_gpus: list[int], k: int, numa_row: np.ndarray, nvlink_row: np.ndarray
+) -> list[int] | None:
     if len(free_gpus) < k:
         return None
+    # The answer depends only on the node's topology, its free GPUs and k: memoise it.
+    key = (numa_row.tobytes(), nvlink_row.tobytes(), tuple(free_gpus), k)
+    hit = _memo.get(key)
+    if hit is None:
+        if len(_memo) > 65536:
+            _memo.clear()
+        hit = _memo[key] = _choose_whole(free_gpus, k, numa_row, nvlink_row)
+    return hit
+
+
+def _choose_whole(free_gpus: list[int], k: int, numa_row: np.ndarray, nvlink_row: np.ndarray) -> list[int]:
     if k == 1:
         # A single GPU: from the NUMA node with the fewest free GPUs, to keep bigger groups intact.
         by_numa: dict[int, list[int]] = {}

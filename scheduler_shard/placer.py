@@ -102,7 +102,9 @@ class Placer:
                 continue
             node = state.nodes[row]
             assert node is not None
-            ctx.place(state, row, Resident.for_task(job, idx, gpus, now), Placement(idx, node.name, gpus, victims))
+            ctx.place(
+                state, row, Resident.for_task(job, idx, gpus, now), Placement(idx, node.name, gpus, victims)
+            )
         return unplaced
 
     def _leftover(self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int]) -> Unschedulable | None:
@@ -113,7 +115,11 @@ class Placer:
         diagnosis = self._diagnosis
         if diagnosis is None:  # the gang ran out of tasks before any one failed to fit
             tc = self.cache.entry(unit.job.group_of(indexes[0]), state).tc
-            note = f"gang needs {unit.min_needed} of {len(unit.task_indexes)} tasks" if unit.min_needed > 1 else ""
+            note = (
+                f"gang needs {unit.min_needed} of {len(unit.task_indexes)} tasks"
+                if unit.min_needed > 1
+                else ""
+            )
             diagnosis = diagnose(self.profile, tc, state, ctx, note)
         return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt)
 

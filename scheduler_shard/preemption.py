@@ -9,6 +9,7 @@ already gone from the view, so it is never claimed twice; across shards the bind
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.resources import GPU_MILLI
 from gosched.scheduler_shard.class_cache import ClassEntry
 from gosched.scheduler_shard.framework.interfaces import Candidate, Mask
 from gosched.scheduler_shard.framework.profile import Profile
@@ -32,7 +33,12 @@ def _budget_left(ctx: UnitContext, victim: Resident) -> int | None:
 
 
 def victims_on_row(
-    profile: Profile, tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resident], ctx: UnitContext
+    profile: Profile,
+    tc: TaskClass,
+    state: ClusterArrays,
+    row: int,
+    eligible: list[Resident],
+    ctx: UnitContext,
 ) -> list[Resident] | None:
     """Smallest victim set on `row` (after reprieve) that lets the task fit; None if none does."""
     removed: list[Resident] = []
@@ -61,6 +67,30 @@ def victims_on_row(
                 state.place(row, r)
 
 
+# As kube-scheduler: stop searching once this many candidate nodes are found (at least 100, 10%).
+MIN_CANDIDATES = 100
+CANDIDATE_PERCENT = 10
+
+
+def could_fit(tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resident]) -> bool:
+    """Cheap upper bound: would the task fit if every eligible victim on `row` were gone?"""
+    req = tc.request
+    if state.cpu_cap[row] - state.cpu_used[row] + sum(r.cpu_milli for r in eligible) < req.cpu_milli:
+        return False
+    if state.mem_cap[row] - state.mem_used[row] + sum(r.memory for r in eligible) < req.memory:
+        return False
+    if not req.wants_gpu:
+        return True
+    free = state.gpu_free[row].astype(np.int64)
+    for r in eligible:
+        for g, milli in r.gpus:
+            free[g] += milli
+    exists = state.gpu_exists[row]
+    if req.gpus:
+        return int(np.count_nonzero((free == GPU_MILLI) & exists)) >= req.gpus
+    return bool(((free >= req.gpu_milli) & exists).any())
+
+
 def find_candidate(
     profile: Profile, entry: ClassEntry, state: ClusterArrays, ctx: UnitContext, allowed: Mask | None
 ) -> Candidate | None:
@@ -75,12 +105,22 @@ def find_candidate(
         base &= state.gpu_count[:n] >= req.gpus
     if allowed is not None:
         base &= allowed
+    may_hold: Mask | None = np.zeros(n, np.bool_)
+    for plugin in profile.victim_searching:
+        rows = plugin.rows_with_victims(unit, state)
+        if rows is None or may_hold is None:
+            may_hold = None
+        else:
+            may_hold |= rows
+    if may_hold is not None:
+        base &= may_hold
     for uf in profile.unit_filters:
         if uf.relevant(tc):
             excluded = uf.excluded(tc, ctx, state)
             if excluded is not None:
                 base &= ~excluded
     candidates: list[Candidate] = []
+    limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     for row in np.flatnonzero(base):
         residents = state.residents[row]
         if not residents:
@@ -92,11 +132,13 @@ def find_candidate(
             and any(p.eligible(unit, r) for p in profile.victim_searching)
             and (_budget_left(ctx, r) is None or (_budget_left(ctx, r) or 0) > 0)
         ]
-        if not eligible:
+        if not eligible or not could_fit(tc, state, int(row), eligible):
             continue
         victims = victims_on_row(profile, tc, state, int(row), eligible, ctx)
         if victims:
             candidates.append(Candidate(int(row), victims))
+            if len(candidates) >= limit:
+                break
     if not candidates:
         return None
     for sorter in profile.candidate_sorting:

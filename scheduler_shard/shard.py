@@ -22,7 +22,9 @@ from gosched.scheduler_shard.unit_context import UnitContext
 
 
 class SchedulerShard:
-    def __init__(self, shard_id: int, profile: ProfileConfig | None = None, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, shard_id: int, profile: ProfileConfig | None = None, clock: Callable[[], float] = time.time
+    ):
         self.shard_id = shard_id
         self.profile = build_profile(profile or ProfileConfig())
         self.clock = clock
@@ -86,7 +88,9 @@ class SchedulerShard:
             if ctx is not None:
                 self.inflight[unit.job.id] = ctx
                 proposals.append(
-                    Proposal(unit.job, list(ctx.placements), unit.min_needed, unit.attempt, unit.dispatch_time)
+                    Proposal(
+                        unit.job, list(ctx.placements), unit.min_needed, unit.attempt, unit.dispatch_time
+                    )
                 )
                 for learner in self._learners:
                     for p in ctx.placements:

@@ -1,7 +1,7 @@
 """Fluent builders for tests, in the style of Gödel's testing wrappers.
 
-    make_job("j1").cpu("2").gpus(1).priority(100).replicas(4).min_member(4).build()
-    make_node("n1").cpu("32").mem("128Gi").gpus(8, model="A100", nvlink_pairs=True).build()
+make_job("j1").cpu("2").gpus(1).priority(100).replicas(4).min_member(4).build()
+make_node("n1").cpu("32").mem("128Gi").gpus(8, model="A100", nvlink_pairs=True).build()
 """
 
 from dataclasses import replace
@@ -83,7 +83,9 @@ class JobBuilder:
         self._group = replace(self._group, preferred_affinity=(*self._group.preferred_affinity, term))
         return self
 
-    def tolerate(self, key: str = "", value: str = "", effect: str | None = None, exists: bool = False) -> Self:
+    def tolerate(
+        self, key: str = "", value: str = "", effect: str | None = None, exists: bool = False
+    ) -> Self:
         tol = Toleration(key, "Exists" if exists else "Equal", value, TaintEffect(effect) if effect else None)
         self._group = replace(self._group, tolerations=(*self._group.tolerations, tol))
         return self
@@ -161,16 +163,35 @@ class NodeBuilder:
         return self
 
     def gpus(
-        self, n: int, model: str = "A100", memory_mib: int = 81920, numa_nodes: int = 1, nvlink_pairs: bool = False
+        self,
+        n: int,
+        model: str = "A100",
+        memory_mib: int = 81920,
+        numa_nodes: int = 1,
+        nvlink_pairs: bool = False,
     ) -> Self:
         per_numa = max(1, -(-n // numa_nodes))
         self._gpus = [
-            Gpu(i, f"GPU-{self._name}-{i}", model, memory_mib, i // per_numa, ((i ^ 1,) if nvlink_pairs and (i ^ 1) < n else ()))
+            Gpu(
+                i,
+                f"GPU-{self._name}-{i}",
+                model,
+                memory_mib,
+                i // per_numa,
+                ((i ^ 1,) if nvlink_pairs and (i ^ 1) < n else ()),
+            )
             for i in range(n)
         ]
         return self
 
-    def gpu(self, index: int, model: str = "A100", memory_mib: int = 81920, numa: int = 0, nvlink: tuple[int, ...] = ()) -> Self:
+    def gpu(
+        self,
+        index: int,
+        model: str = "A100",
+        memory_mib: int = 81920,
+        numa: int = 0,
+        nvlink: tuple[int, ...] = (),
+    ) -> Self:
         self._gpus.append(Gpu(index, f"GPU-{self._name}-{index}", model, memory_mib, numa, nvlink))
         return self
 

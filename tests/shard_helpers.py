@@ -26,7 +26,9 @@ def shard_with(
     return shard
 
 
-def run_units(shard: SchedulerShard, jobs: Sequence[Job], reclaim: frozenset[str] = frozenset()) -> ProposalBatch:
+def run_units(
+    shard: SchedulerShard, jobs: Sequence[Job], reclaim: frozenset[str] = frozenset()
+) -> ProposalBatch:
     units = [Unit(j, tuple(range(j.total_replicas)), j.min_member, reclaim_from=reclaim) for j in jobs]
     return shard.schedule(UnitBatch(0, units))
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gosched.binder.binder import Binder
-from gosched.binder.stages import STAGE_NAMES
-from gosched.binder.state import arrays_view
+from gosched.binder.stages import STAGE_NAMES, gpu_shape_error
+from gosched.binder.state import arrays_view, make_resident
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
 from gosched.common.job import Job, TaskGroup
@@ -781,3 +781,30 @@ def test_a_failed_write_stops_the_binder(tmp_path: Path) -> None:
         commit(b, prop(cpu_job("b", "1"), at(0, "n1")))
     again = open_binder(tmp_path / "gs.db")  # the store still holds the last good state
     assert again.resident("a/0") is None and again.version == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=clusters(), data=st.data())
+def test_resources_and_gpu_stages_agree_with_cluster_arrays_fits(
+    nodes: list[Node], data: st.DataObject
+) -> None:
+    """For one placement without victims, the binder accepts exactly when ClusterArrays.fits says so."""
+    draw = data.draw
+    with tempfile.TemporaryDirectory() as tmp:
+        b = open_binder(Path(tmp) / "gs.db")
+        b.add_nodes(nodes)
+        for i in range(draw(st.integers(0, 6))):  # some load first
+            commit(b, random_proposal(draw, draw(random_jobs(f"pre{i}")), b))
+        job = draw(random_jobs("probe"))
+        name = draw(st.sampled_from([n.name for n in nodes]))
+        node = next(n for n in nodes if n.name == name)
+        req = job.groups[0].resources
+        gpus = random_gpus(draw, req, node)
+        assume(gpu_shape_error(req, gpus) is None)
+        row = b.state.row_of[name]
+        expected = b.state.fits(row, make_resident(job, 0, gpus, 0.0)) is None and bool(
+            b.state.schedulable[row]
+        )
+        reply = commit(b, prop(job, at(0, name, gpus), min_needed=1))
+        assert bool(reply.accepted) == expected, reply.rejected
+        b.store.close()

@@ -108,7 +108,9 @@ def same_state(a: ClusterArrays, b: ClusterArrays) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=clusters(), first=jobs("a"), second=jobs("b"), shards=st.integers(1, 3), data=st.data())
-def test_pipeline_invariants(nodes: list[Node], first: list[Job], second: list[Job], shards: int, data: st.DataObject) -> None:
+def test_pipeline_invariants(
+    nodes: list[Node], first: list[Job], second: list[Job], shards: int, data: st.DataObject
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "gs.db")
         p = Pipeline(Settings(store_path=db, shards=shards, retry_backoff_s=0.0, batch_size=3), nodes=nodes)

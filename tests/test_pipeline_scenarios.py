@@ -42,7 +42,9 @@ def test_gang_preemption_on_one_node(tmp_path: Path) -> None:
 def test_spark_gang_waits_whole_then_binds_all(tmp_path: Path) -> None:
     # Room for the driver (2 CPU) and 3 executors (4 CPU each).
     p = pipeline(tmp_path, [make_node("a").cpu("8").build(), make_node("b").cpu("6").build()], shards=2)
-    spark = make_job("spark").role("driver").cpu("2").group("executor").cpu("4").replicas(4).min_member(5).build()
+    spark = (
+        make_job("spark").role("driver").cpu("2").group("executor").cpu("4").replicas(4).min_member(5).build()
+    )
     p.submit(spark)
     p.run_until_idle()
     assert p.dispatcher.job_state("spark") == JobState.PENDING
@@ -65,7 +67,10 @@ def test_capacity_queues_borrow_then_reclaim_in_one_round(tmp_path: Path) -> Non
 
     def cpus(queue: str) -> int:
         st = p.binder.state
-        return sum(r.cpu_milli for row in range(st.n) for r in st.residents[row].values() if r.queue == queue) // 1000
+        return (
+            sum(r.cpu_milli for row in range(st.n) for r in st.residents[row].values() if r.queue == queue)
+            // 1000
+        )
 
     p.submit_many([make_job(f"a{i}").cpu("1").queue("a").build() for i in range(100)])
     p.run_until_idle()
@@ -117,7 +122,12 @@ def test_two_shards_race_for_the_last_gpu(tmp_path: Path) -> None:
 def test_two_gpus_on_the_nvlinked_numa_pair(tmp_path: Path) -> None:
     # Free GPUs: {0,1} on NUMA 0 joined by NVLink, {4,5} on NUMA 1 without.
     node = (
-        make_node("n").gpu(0, numa=0, nvlink=(1,)).gpu(1, numa=0, nvlink=(0,)).gpu(4, numa=1).gpu(5, numa=1).build()
+        make_node("n")
+        .gpu(0, numa=0, nvlink=(1,))
+        .gpu(1, numa=0, nvlink=(0,))
+        .gpu(4, numa=1)
+        .gpu(5, numa=1)
+        .build()
     )
     p = pipeline(tmp_path, [node], shards=1)
     p.submit(make_job("two").cpu("1").gpus(2).build())

@@ -73,7 +73,9 @@ class UnitFilterPlugin:
 class LocatingPlugin:
     name = ""
 
-    def locate(self, unit: Unit, own_rows: npt.NDArray[np.int64] | None, state: ClusterArrays) -> list[Mask | None]:
+    def locate(
+        self, unit: Unit, own_rows: npt.NDArray[np.int64] | None, state: ClusterArrays
+    ) -> list[Mask | None]:
         """Node sets (row masks; None = every node) to try in order."""
         raise NotImplementedError
 
@@ -91,6 +93,11 @@ class VictimSearchingPlugin:
 
     def eligible(self, unit: Unit, victim: Resident) -> bool:
         raise NotImplementedError
+
+    def rows_with_victims(self, unit: Unit, state: ClusterArrays) -> Mask | None:
+        """Rows that may hold a victim this plugin finds eligible (a vector pre-filter for the
+        per-node search); None when the plugin cannot tell."""
+        return None
 
 
 @dataclass(slots=True)

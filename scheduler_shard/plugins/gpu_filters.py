@@ -17,6 +17,8 @@ def _needed(tc: TaskClass) -> int:
 
 @register
 class GpuModel(FilterPlugin):
+    """The node has enough GPUs (of an acceptable model, when the task names models)."""
+
     name = "gpu_model"
     reason = "no GPU of the wanted model"
 
@@ -29,6 +31,10 @@ class GpuModel(FilterPlugin):
         ids = [state.model_id(m) for m in tc.group.gpu_models]
         matching = np.isin(state.gpu_model[rows], ids) & state.gpu_exists[rows]
         return matching.sum(axis=1) >= _needed(tc)
+
+    def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
+        reason = self.reason if tc.group.gpu_models else "too few GPUs"
+        return [(reason, ~self.filter(tc, state, rows))]
 
 
 @register

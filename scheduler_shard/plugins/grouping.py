@@ -24,7 +24,7 @@ class TopologyDomain(GroupingPlugin):
         if not key:
             return None
         domains = domain_ids(state, key)
-        free_gpu = (state.gpu_count[: state.n].astype(np.int64) * 1000 - state.gpu_used_total[: state.n])
+        free_gpu = state.gpu_count[: state.n].astype(np.int64) * 1000 - state.gpu_used_total[: state.n]
         free_cpu = state.cpu_cap[: state.n] - state.cpu_used[: state.n]
         ranked = []
         for d in np.unique(domains[domains >= 0]):

@@ -1,14 +1,46 @@
 """Label look-ups and requirement matching over all node rows (static: node metadata only)."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.job import NodeSelectorTerm, Requirement, SelectorOp
+from gosched.common.node import Taint
 from gosched.scheduler_shard.framework.interfaces import Mask
+
+T = TypeVar("T")
+
+
+_cache: dict[tuple[int, int, object], object] = {}
+
+
+def _cached(state: ClusterArrays, key: object, build: Callable[[], T]) -> T:
+    """Memoise a static per-node table for this view and metadata generation."""
+    full = (id(state), state.meta_generation, key)
+    hit = _cache.get(full)
+    if hit is None:
+        if len(_cache) > 256:
+            _cache.clear()
+        hit = _cache[full] = build()
+    return hit  # type: ignore[return-value]
 
 
 def label_column(state: ClusterArrays, key: str) -> list[str | None]:
-    return state.label_values(key)[: state.n]
+    return _cached(state, ("label", key), lambda: state.label_values(key)[: state.n])
+
+
+def taint_groups(state: ClusterArrays) -> list[tuple[tuple[Taint, ...], np.ndarray]]:
+    """Distinct taint sets and the rows carrying each (taints rarely vary much across nodes)."""
+
+    def build() -> list[tuple[tuple[Taint, ...], np.ndarray]]:
+        rows_by_set: dict[tuple[Taint, ...], list[int]] = {}
+        for row in range(state.n):
+            rows_by_set.setdefault(state.node_taints(row), []).append(row)
+        return [(taints, np.array(rows, np.int64)) for taints, rows in rows_by_set.items()]
+
+    return _cached(state, "taints", build)
 
 
 def requirement_mask(state: ClusterArrays, req: Requirement) -> Mask:

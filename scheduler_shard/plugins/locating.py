@@ -16,7 +16,9 @@ from gosched.scheduler_shard.framework.registry import register
 class PartitionFirst(LocatingPlugin):
     name = "partition_first"
 
-    def locate(self, unit: Unit, own_rows: npt.NDArray[np.int64] | None, state: ClusterArrays) -> list[Mask | None]:
+    def locate(
+        self, unit: Unit, own_rows: npt.NDArray[np.int64] | None, state: ClusterArrays
+    ) -> list[Mask | None]:
         if own_rows is None or len(own_rows) >= state.n:
             return [None]
         own = np.zeros(state.n, np.bool_)

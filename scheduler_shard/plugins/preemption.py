@@ -5,9 +5,16 @@ queue that borrows beyond its guarantee, when the preemptor's queue reclaims (th
 which queues in Unit.reclaim_from), whatever their priority. lexicographic: fewest-harm order.
 """
 
-from gosched.common.cluster_state import Resident
+import numpy as np
+
+from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.messages import Unit
-from gosched.scheduler_shard.framework.interfaces import Candidate, CandidateSortingPlugin, VictimSearchingPlugin
+from gosched.scheduler_shard.framework.interfaces import (
+    Candidate,
+    CandidateSortingPlugin,
+    Mask,
+    VictimSearchingPlugin,
+)
 from gosched.scheduler_shard.framework.registry import register
 
 
@@ -18,6 +25,9 @@ class PriorityVictims(VictimSearchingPlugin):
     def eligible(self, unit: Unit, victim: Resident) -> bool:
         return victim.preemptible and victim.priority < unit.job.priority and victim.job_id != unit.job.id
 
+    def rows_with_victims(self, unit: Unit, state: ClusterArrays) -> Mask | None:
+        return state.min_victim_priority[: state.n] < unit.job.priority
+
 
 @register
 class CapacityReclaim(VictimSearchingPlugin):
@@ -25,6 +35,11 @@ class CapacityReclaim(VictimSearchingPlugin):
 
     def eligible(self, unit: Unit, victim: Resident) -> bool:
         return victim.preemptible and victim.queue in unit.reclaim_from and victim.queue != unit.job.queue
+
+    def rows_with_victims(self, unit: Unit, state: ClusterArrays) -> Mask | None:
+        if not unit.reclaim_from:
+            return np.zeros(state.n, np.bool_)
+        return None
 
 
 @register

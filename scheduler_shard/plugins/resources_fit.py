@@ -16,7 +16,9 @@ def _ext_checks(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[s
         if col is None:
             out.append((f"insufficient {name}", np.zeros(len(state.cpu_cap[rows]), np.bool_)))
         else:
-            out.append((f"insufficient {name}", state.ext_used[rows, col] + amount <= state.ext_cap[rows, col]))
+            out.append(
+                (f"insufficient {name}", state.ext_used[rows, col] + amount <= state.ext_cap[rows, col])
+            )
     return out
 
 

@@ -8,6 +8,7 @@ from gosched.common.node import Taint, TaintEffect
 from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, Rows, ScorePlugin, Scores
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
+from gosched.scheduler_shard.plugins.labels import taint_groups
 
 HARD = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
 
@@ -36,20 +37,20 @@ class TaintToleration(FilterPlugin):
     reason = "untolerated taint"
 
     def filter(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
-        tols = tc.group.tolerations
-        ok = np.fromiter(
-            (first_untolerated(tols, state.node_taints(r)) is None for r in range(state.n)), np.bool_, count=state.n
-        )
+        ok = np.ones(state.n, np.bool_)
+        for taints, set_rows in taint_groups(state):
+            if first_untolerated(tc.group.tolerations, taints) is not None:
+                ok[set_rows] = False
         return ok[rows]
 
     def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
         # One reason per distinct taint, e.g. "taint gpu=reserved", as `explain` shows it.
         by_reason: dict[str, np.ndarray] = {}
-        for r in range(state.n):
-            taint = first_untolerated(tc.group.tolerations, state.node_taints(r))
+        for taints, set_rows in taint_groups(state):
+            taint = first_untolerated(tc.group.tolerations, taints)
             if taint is not None:
                 reason = f"taint {taint.key}={taint.value}" if taint.value else f"taint {taint.key}"
-                by_reason.setdefault(reason, np.zeros(state.n, np.bool_))[r] = True
+                by_reason.setdefault(reason, np.zeros(state.n, np.bool_))[set_rows] = True
         return [(reason, mask[rows]) for reason, mask in by_reason.items()]
 
 
@@ -60,13 +61,8 @@ class TaintPreferNoSchedule(ScorePlugin):
     name = "taint_prefer_no_schedule"
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
-        tols = tc.group.tolerations
-        counts = np.fromiter(
-            (
-                sum(1 for t in state.node_taints(r) if t.effect == TaintEffect.PREFER_NO_SCHEDULE and not tolerates(tols, t))
-                for r in range(state.n)
-            ),
-            np.float64,
-            count=state.n,
-        )
+        counts = np.zeros(state.n, np.float64)
+        for taints, set_rows in taint_groups(state):
+            soft = [t for t in taints if t.effect == TaintEffect.PREFER_NO_SCHEDULE]
+            counts[set_rows] = sum(1 for t in soft if not tolerates(tc.group.tolerations, t))
         return np.clip(100.0 - 100.0 * counts, 0.0, 100.0)[rows]
