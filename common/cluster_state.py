@@ -226,6 +226,9 @@ class ClusterArrays:
 
     def _recompute_usage(self, row: int) -> None:
         cpu = mem = 0
+        for r in self.residents[row].values():
+            for name, _ in r.extended:
+                self._ext_col(name)  # make room for every column before sizing the sums
         ext = np.zeros(self.ext_used.shape[1], np.int64)
         free = np.where(self.gpu_exists[row], GPU_MILLI, 0).astype(np.int32)
         for r in self.residents[row].values():
@@ -323,12 +326,16 @@ class ClusterArrays:
         if self.mem_used[row] + r.memory > self.mem_cap[row]:
             return "insufficient memory"
         for name, amount in r.extended:
+            if amount <= 0:
+                continue
             col = self.ext_col(name)
             if col is None or self.ext_used[row, col] + amount > self.ext_cap[row, col]:
                 return f"insufficient {name}"
         for g, milli in r.gpus:
-            if g >= MAX_GPUS or not self.gpu_exists[row, g]:
+            if not 0 <= g < MAX_GPUS or not self.gpu_exists[row, g]:
                 return f"no GPU {g}"
+            if milli <= 0:
+                return f"GPU {g}: a share must be positive"
             if self.gpu_free[row, g] < milli:
                 return f"GPU {g} is not free"
         if r.gpus and len({g for g, _ in r.gpus}) != len(r.gpus):

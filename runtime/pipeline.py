@@ -154,7 +154,10 @@ class Pipeline:
         assert isinstance(reply, BindReply)
         s = self.stats
         s.proposals += len(proposals)
-        s.rejected_units += len({r.job_id for r in reply.rejected if r.stage != "gang_partial"})
+        # A unit counts as a conflict when the binder refused all of it; dropping a gang's extra
+        # placements while binding the rest is not one.
+        accepted = {a.job_id for a in reply.accepted}
+        s.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
         s.unschedulable_units += unschedulable
         dispatched = {p.job.id: p.dispatch_time for p in proposals}
         for acc in reply.accepted:
