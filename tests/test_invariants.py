@@ -106,7 +106,7 @@ def same_state(a: ClusterArrays, b: ClusterArrays) -> None:
         assert set(a.residents[row]) == set(b.residents[other])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=clusters(), first=jobs("a"), second=jobs("b"), shards=st.integers(1, 3), data=st.data())
 def test_pipeline_invariants(
     nodes: list[Node], first: list[Job], second: list[Job], shards: int, data: st.DataObject
