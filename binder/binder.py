@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
 from gosched.binder.fastpath import find_clean
-from gosched.binder.stages import DEFAULT_STAGES, BatchScope, Candidate, Stage, UnitCheck, candidates_of
+from gosched.binder.stages import (
+    DEFAULT_STAGES,
+    BatchScope,
+    Candidate,
+    Stage,
+    UnitCheck,
+    candidates_of,
+    gang_need,
+)
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.job import split_task_id
@@ -309,7 +317,7 @@ class Binder:
             return _Outcome(
                 rejected=[RejectedUnit(job.id, (), "the proposal has no placements", self.stages[0].name)]
             )
-        need = max(1, proposal.min_needed)
+        need = gang_need(proposal, self.truth)
         unit = UnitCheck(proposal, self.truth, scope)
         alive: list[Candidate] = candidates_of(proposal)
         dropped: list[RejectedUnit] = []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gosched.binder.stages import gpu_shape_error, request_error
+from gosched.binder.stages import gang_need, gpu_shape_error, request_error
 from gosched.binder.state import BinderState
 from gosched.common.cluster_state import MAX_GPUS
 from gosched.common.job import split_task_id, task_id
@@ -72,7 +72,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
         else:
             single = None
             total = job.total_replicas
-        clean = job.id not in victim_jobs and len(p.placements) >= max(1, p.min_needed)
+        clean = job.id not in victim_jobs and len(p.placements) >= gang_need(p, state)
         rows: list[int] = []
         for pl, tid in zip(p.placements, tids[i], strict=True):
             row = row_of.get(pl.node)

@@ -52,6 +52,13 @@ def gpu_shape_error(req: ResourceRequest, gpus: tuple[tuple[int, int], ...]) -> 
     return None
 
 
+def gang_need(proposal: Proposal, truth: BinderState) -> int:
+    """Placements the unit needs: its min_needed, plus one for each task the dispatcher counted
+    as held that is no longer resident (the gang lost members while the unit was in flight)."""
+    resident = len(truth.job_tasks.get(proposal.job.id, ()))
+    return max(1, proposal.min_needed + max(0, proposal.held - resident))
+
+
 # -- per-unit scratch --------------------------------------------------------------------------------
 @dataclass(slots=True)
 class BatchScope:

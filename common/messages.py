@@ -23,6 +23,8 @@ class Unit:
     # Queues over their guarantee whose preemptible tasks this unit may evict (capacity reclaim).
     reclaim_from: frozenset[str] = frozenset()
     dispatch_time: float = 0.0
+    # The job's tasks holding resources when the unit was dispatched; min_needed counts on them.
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -47,6 +49,7 @@ class Proposal:
     min_needed: int
     attempt: int = 0
     dispatch_time: float = 0.0
+    held: int = 0  # as in Unit: the binder asks for more if some of them are gone since
 
 
 @dataclass(slots=True)

@@ -294,7 +294,7 @@ class Dispatcher:
             updates.extend((task_id(jid, i), SCHEDULED) for i in idx)
         held = rec.n_held
         need = rec.job.min_member - held if held < rec.job.min_member else 1
-        return Unit(rec.job, idx, min(max(1, need), count), rec.attempt, reclaim, now)
+        return Unit(rec.job, idx, min(max(1, need), count), rec.attempt, reclaim, now, held)
 
     # -- answers ---------------------------------------------------------------------------------------
     def on_reply(self, reply: BindReply) -> list[str]:

@@ -89,7 +89,12 @@ class SchedulerShard:
                 self.inflight[unit.job.id] = ctx
                 proposals.append(
                     Proposal(
-                        unit.job, list(ctx.placements), unit.min_needed, unit.attempt, unit.dispatch_time
+                        unit.job,
+                        list(ctx.placements),
+                        unit.min_needed,
+                        unit.attempt,
+                        unit.dispatch_time,
+                        unit.held,
                     )
                 )
                 for learner in self._learners:
