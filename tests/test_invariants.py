@@ -5,6 +5,7 @@ partly bound; every accepted job is in exactly one state and none is lost; a res
 has the same state as the live one.
 """
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from gosched.common.store import Store
 from gosched.runtime.pipeline import Pipeline
 
 GiB = 2**30
+# More examples for a deeper run: GOSCHED_PROPERTY_EXAMPLES=2000 pytest tests/test_invariants.py
+EXAMPLES = int(os.environ.get("GOSCHED_PROPERTY_EXAMPLES", "60"))
 
 
 @st.composite
@@ -106,7 +109,7 @@ def same_state(a: ClusterArrays, b: ClusterArrays) -> None:
         assert set(a.residents[row]) == set(b.residents[other])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=clusters(), first=jobs("a"), second=jobs("b"), shards=st.integers(1, 3), data=st.data())
 def test_pipeline_invariants(
     nodes: list[Node], first: list[Job], second: list[Job], shards: int, data: st.DataObject
