@@ -42,6 +42,48 @@ def bench(
 
 
 @app.command()
+def replay(
+    seeds: Annotated[int, typer.Option(help="Seeds (runs) per policy.")] = 10,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies, or 'all'.")] = "all",
+    trace_dir: Annotated[
+        str | None, typer.Option(help="openb trace folder (default ../shared/traces/openb-v2023).")
+    ] = None,
+    out: Annotated[str, typer.Option(help="Results folder.")] = "results/replay",
+) -> None:
+    """Replay the Alibaba GPU trace (FGD's fill-until-full experiment) for each placement policy."""
+    from pathlib import Path
+
+    from gosched.bench.replay import POLICIES, run_replay, table
+    from gosched.bench.replay_report import write_results
+    from gosched.bench.trace import load_nodes, load_tasks
+    from gosched.bench.trace import trace_dir as find_trace
+
+    folder = find_trace(trace_dir)
+    node_csv, task_csv = folder / "openb_node_list_gpu_node.csv", folder / "openb_pod_list_default.csv"
+    if not node_csv.exists() or not task_csv.exists():
+        typer.echo(f"trace not found in {folder} (set --trace-dir or GOSCHED_TRACE_DIR)", err=True)
+        raise typer.Exit(2)
+    chosen = list(POLICIES) if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in POLICIES]
+    if unknown:
+        typer.echo(f"unknown policy {', '.join(unknown)} (known: {', '.join(POLICIES)})", err=True)
+        raise typer.Exit(2)
+    nodes, tasks = load_nodes(node_csv), load_tasks(task_csv)
+    total = len(chosen) * seeds
+    with typer.progressbar(length=total, label="replaying") as bar:
+        results = run_replay(nodes, tasks, chosen, list(range(seeds)), progress=lambda _: bar.update(1))
+    typer.echo(table(results))
+    meta = {
+        "trace": str(folder),
+        "nodes": len(nodes),
+        "gpus": sum(len(n.gpus) for n in nodes),
+        "seeds": seeds,
+    }
+    for path in write_results(results, Path(out), meta):
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
 def demo(
     nodes: Annotated[int, typer.Option(help="Simulated nodes.")] = 200,
     jobs: Annotated[int, typer.Option(help="Jobs to submit.")] = 2_000,

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.config import ProfileConfig
-from gosched.common.messages import BindReply, Change, Proposal, ProposalBatch, UnitBatch
+from gosched.common.messages import BindReply, Change, Proposal, ProposalBatch, Unit, UnitBatch
 from gosched.scheduler_shard.class_cache import ClassCache
 from gosched.scheduler_shard.framework.profile import build_profile
 from gosched.scheduler_shard.placer import Placer
@@ -78,12 +78,22 @@ class SchedulerShard:
         oldest = self.cache.oldest_position()
         self.state.compact_dirty_log(self.state.dirty_position if oldest is None else oldest)
 
+    def _observe(self, unit: Unit) -> None:
+        """Teach the fragmentation score the GPU task types arriving (first attempts only)."""
+        for group in unit.job.groups:
+            if group.resources.wants_gpu:
+                for learner in self._learners:
+                    res = group.resources
+                    learner.types.observe(res.gpu_total_milli, res.cpu_milli, res.memory, group.replicas)
+
     # -- scheduling ------------------------------------------------------------------------------
     def schedule(self, batch: UnitBatch) -> ProposalBatch:
         own = self.own_rows()
         proposals: list[Proposal] = []
         unschedulable = []
         for unit in batch.units:
+            if self._learners and unit.attempt == 0:
+                self._observe(unit)
             ctx, leftover = self.placer.schedule_unit(unit, self.state, own)
             if ctx is not None:
                 self.inflight[unit.job.id] = ctx
@@ -97,11 +107,6 @@ class SchedulerShard:
                         unit.held,
                     )
                 )
-                for learner in self._learners:
-                    for p in ctx.placements:
-                        group = unit.job.group_of(p.task_index)
-                        if group.resources.wants_gpu:
-                            learner.observe(self.cache.entry(group, self.state).tc)
             if leftover is not None:
                 unschedulable.append(leftover)
         self._compact()

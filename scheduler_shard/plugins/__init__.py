@@ -10,6 +10,7 @@ from gosched.scheduler_shard.plugins import (  # noqa: F401
     locating,
     node_affinity,
     node_ready,
+    placement_policies,
     preemption,
     resources_fit,
     taints,

@@ -1,9 +1,11 @@
-"""gpu_fragmentation: a fragmentation-gradient score for GPU tasks (after FGD, ATC'23).
+"""gpu_fragmentation: a fragmentation-gradient score for GPU tasks (after FGD, USENIX ATC'23).
 
 A node's fragmentation for a task type is the free GPU capacity that type cannot use there: all of
-it when the type does not fit, else the GPUs too small for it. Its expected fragmentation weighs
-types by popularity, which the plugin learns from the tasks it scores. A placement scores by how
-little it raises that expectation: 50 for no change, higher when it fills fragments.
+it when the type does not fit on the node (too few GPUs free, or too little CPU), else the GPUs too
+small for it. The expected fragmentation weighs the types by popularity; the plugin learns the
+types (exact GPU demand, mean CPU) from the tasks the shard places, starting from a small prior. A
+placement scores by how little it raises the node's expected fragmentation: 50 for no change,
+higher when it fills fragments, lower when it creates them.
 """
 
 import numpy as np
@@ -14,34 +16,73 @@ from gosched.scheduler_shard.framework.interfaces import Rows, ScorePlugin, Scor
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
 
-# Task types as GPU demand in milli: shares of one GPU, then whole GPUs (as multiples of 1000).
-TYPES = np.array([100, 250, 500, 750, 1000, 2000, 4000, 8000], np.int64)
-# A prior popularity, roughly that of shared GPU clusters; learned counts are added to it.
-PRIOR = np.array([5, 10, 15, 5, 40, 10, 8, 7], np.float64)
-SCALE = 40.0  # milli-GPU of expected fragmentation per score point
+# Prior task types (GPU milli demand, CPU milli) and popularity, roughly a shared GPU cluster's.
+GiB = 2**30
+PRIOR = (
+    ((250, 4000, 8 * GiB), 2.0),
+    ((500, 4000, 16 * GiB), 2.0),
+    ((1000, 8000, 32 * GiB), 4.0),
+    ((2000, 16000, 64 * GiB), 1.0),
+    ((8000, 64000, 256 * GiB), 1.0),
+)
+MAX_TYPES = 64  # most popular learned types kept in the model
+# The score maps the change d in expected fragmentation (milli-GPU) to 50 * (1 - d / (|d| + HALF)):
+# strictly decreasing, so no two changes tie by clipping, and 25 or 75 at d = +-HALF.
+HALF = 1000.0
 
 
-def expected_fragmentation(free: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """free: (rows, GPUs) milli free per GPU (0 for absent GPUs). Returns (rows,) expected milli."""
-    total_free = free.sum(axis=1)
-    whole_free = (free == GPU_MILLI).sum(axis=1)
-    out = np.zeros(free.shape[0], np.float64)
-    for demand, weight in zip(TYPES, weights, strict=True):
-        if demand < GPU_MILLI:
-            small = np.where(free < demand, free, 0).sum(axis=1)
-            frag = small  # when no GPU fits, every GPU is "small": all free capacity counts
-        else:
-            k = demand // GPU_MILLI
-            partial = np.where(free < GPU_MILLI, free, 0).sum(axis=1)
-            frag = np.where(whole_free >= k, partial, total_free)
-        out += weight * frag
-    return out
+class TaskTypes:
+    """Popularity of task types, a type being an exact (GPU milli, CPU milli, memory) demand."""
+
+    def __init__(self) -> None:
+        self.count: dict[tuple[int, int, int], float] = dict(PRIOR)
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def observe(self, gpu_milli: int, cpu_milli: int, memory: int = 0, n: int = 1) -> None:
+        if gpu_milli <= 0:
+            return  # a CPU-only type cannot use GPUs: it has no GPU fragmentation
+        key = (gpu_milli, cpu_milli, memory)
+        self.count[key] = self.count.get(key, 0.0) + n
+        self._arrays = None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(GPU demand milli, weight summing to 1, CPU milli, memory) of the most popular types."""
+        if self._arrays is None:
+            top = sorted(self.count, key=lambda k: -self.count[k])[:MAX_TYPES]
+            counts = np.array([self.count[k] for k in top], np.float64)
+            demand = np.array([k[0] for k in top], np.int64)
+            cpu = np.array([k[1] for k in top], np.float64)
+            memory = np.array([k[2] for k in top], np.float64)
+            self._arrays = (demand, counts / counts.sum(), cpu, memory)
+        return self._arrays
+
+
+def expected_fragmentation(
+    free: np.ndarray, cpu_free: np.ndarray, mem_free: np.ndarray, types: TaskTypes
+) -> np.ndarray:
+    """free: (rows, GPUs) milli free per GPU (0 for absent GPUs); cpu_free, mem_free: (rows,).
+
+    Returns (rows,) expected fragmented milli-GPU, all types at once (rows x GPUs x types).
+    """
+    demand, weight, cpu, memory = types.arrays()
+    total_free = free.sum(axis=1)[:, None]  # (R, 1)
+    per_gpu = np.minimum(demand, GPU_MILLI)  # a whole-GPU type needs each GPU fully free
+    small = np.where(free[:, :, None] < per_gpu[None, None, :], free[:, :, None], 0).sum(axis=1)  # (R, T)
+    whole_free = (free == GPU_MILLI).sum(axis=1)[:, None]
+    fits = np.where(
+        demand[None, :] < GPU_MILLI, small < total_free, whole_free >= demand[None, :] // GPU_MILLI
+    )
+    fits &= (cpu_free[:, None] >= cpu[None, :]) & (mem_free[:, None] >= memory[None, :])
+    frag = np.where(fits, small, total_free)
+    return frag @ weight
 
 
 def after_placement(tc: TaskClass, free: np.ndarray, eligible: np.ndarray) -> np.ndarray:
     """Each row's free vector after placing one task of `tc` there (as gpu_assign would)."""
     after = free.copy()
     rows = np.arange(free.shape[0])
+    if not tc.request.wants_gpu:
+        return after
     if tc.gpu_whole:
         full = (free == GPU_MILLI) & eligible
         # Zero the first k fully free eligible GPUs (which ones does not change the measure).
@@ -62,22 +103,29 @@ class GpuFragmentation(ScorePlugin):
     dynamic = True
 
     def __init__(self) -> None:
-        self.counts = PRIOR.copy()
+        self.types = TaskTypes()
 
     def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
-        return tc.request.wants_gpu
+        # CPU-only tasks matter too: the CPU they take can strand a node's free GPUs.
+        return tc.request.wants_gpu or bool(state.gpu_count[: state.n].any())
 
     def observe(self, tc: TaskClass, n: int = 1) -> None:
-        """Count `n` tasks of this class toward the learned popularity of task types."""
-        demand = tc.request.gpu_total_milli
-        self.counts[int(np.abs(TYPES - demand).argmin())] += n
+        """Count `n` tasks of this class toward the learned task types."""
+        self.types.observe(tc.request.gpu_total_milli, tc.request.cpu_milli, tc.request.memory, n)
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
-        weights = self.counts / self.counts.sum()
         eligible_all = tc.eligible_gpus(state)
         exists = state.gpu_exists[rows]
         eligible = exists if eligible_all is None else eligible_all[rows]
         free = np.where(exists, state.gpu_free[rows], 0).astype(np.int64)
-        before = expected_fragmentation(free, weights)
-        after = expected_fragmentation(after_placement(tc, free, eligible), weights)
-        return np.clip(50.0 - (after - before) / SCALE, 0.0, 100.0)
+        cpu_free = (state.cpu_cap[rows] - state.cpu_used[rows]).astype(np.float64)
+        mem_free = (state.mem_cap[rows] - state.mem_used[rows]).astype(np.float64)
+        before = expected_fragmentation(free, cpu_free, mem_free, self.types)
+        after = expected_fragmentation(
+            after_placement(tc, free, eligible),
+            cpu_free - tc.request.cpu_milli,
+            mem_free - tc.request.memory,
+            self.types,
+        )
+        delta = after - before
+        return 50.0 * (1.0 - delta / (np.abs(delta) + HALF))

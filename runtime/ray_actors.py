@@ -1,0 +1,315 @@
+"""The components as Ray actors: thin wrappers that call the very same classes as the Pipeline.
+
+    DispatcherActor(settings)            wraps Dispatcher; owns its own Store connection
+    BinderActor(store_path, dispatcher)  wraps Binder; owns the Store the bindings go to
+    ShardActor(shard_id, profile, dispatcher, binder)   wraps SchedulerShard and runs its loop
+
+Messages travel as compact msgpack (gosched.common.codec), one message per batch, never one per
+task. One shard round (ShardActor.run_once), with its shard planning while the others plan too:
+
+    shard --next_batch(shard_id)--> dispatcher        a UnitBatch for this shard (or nothing)
+    shard --commit(ProposalBatch)--> binder           the binder serialises commits (one thread)
+          binder --report(BindReply w/o changes, unschedulable)--> dispatcher   (no wait)
+    shard <-- BindReply with the changes since its version; apply_reply
+
+The binder itself reports each outcome to the dispatcher, so a reply is never lost with a shard
+that dies after its commit, and the dispatcher hears of a batch in the Pipeline's order (verdicts,
+then the unschedulable). Calls from one actor to another arrive in the order they were sent, so
+BinderActor.requeue_shard (a lost shard's units taken back) reaches the dispatcher after every
+report the binder sent before it.
+
+Each of the binder and the dispatcher has an incarnation id, new at every (re)start and reload:
+the dispatcher ignores reports of a binder incarnation it has not been given (a restarted binder,
+before the driver has reloaded the dispatcher from the store), and the ids travel back in the
+shards' round results so the driver notices a restart that no call failed on.
+"""
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from gosched.binder.binder import Binder
+from gosched.common import codec
+from gosched.common.config import ProfileConfig, Settings
+from gosched.common.job import Job
+from gosched.common.messages import BindReply, Change, ProposalBatch, UnitBatch
+from gosched.common.node import Node
+from gosched.common.states import TaskState
+from gosched.common.store import Store
+from gosched.dispatcher.dispatcher import Dispatcher
+from gosched.scheduler_shard.shard import SchedulerShard
+
+# Actor options: no CPU reservation (the actors must never wait for a CPU slot on a small machine).
+ACTOR_CPUS = 0
+
+
+class DispatcherCore:
+    """The dispatcher actor's body (a plain class: see make_actor_classes)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.binder: Any = None
+        self.binder_incarnation = ""
+        self.first_dispatch = 0.0
+        self.last_bind = 0.0
+        self.bound_tasks = 0
+        self.rejected_units = 0
+        self.stale_reports = 0
+        self._build()
+
+    def _build(self) -> None:
+        self.store = Store(self.settings.store_path)
+        self.dispatcher = Dispatcher(self.settings, store=self.store)
+        self.restored = self.dispatcher.restore()
+        self.incarnation = uuid.uuid4().hex
+
+    def reload(self, binder: Any, binder_incarnation: str) -> str:
+        """Rebuild the dispatcher from the store (after a binder restart, or its own), and take
+        reports from this binder incarnation only. Returns the dispatcher's new incarnation."""
+        self.store.close()
+        self._build()
+        self.binder = binder
+        self.binder_incarnation = binder_incarnation
+        return self.incarnation
+
+    def set_binder(self, binder: Any, binder_incarnation: str) -> str:
+        self.binder = binder
+        self.binder_incarnation = binder_incarnation
+        return self.incarnation
+
+    def set_nodes(self, nodes: Sequence[Node], totals: dict[str, int]) -> list[list[str]]:
+        """Nodes for the partitions and the cluster total; returns each shard's partition."""
+        parts = self.dispatcher.partitions
+        parts.add_nodes(nodes)
+        self.dispatcher.set_cluster_capacity(totals["cpu"], totals["memory"], totals["gpu"])
+        return [parts.partition_of(s) for s in range(self.settings.shards)]
+
+    def partition_of(self, shard_id: int) -> list[str]:
+        return self.dispatcher.partitions.partition_of(shard_id)
+
+    def submit_many(self, jobs: Sequence[Job]) -> list[str]:
+        return self.dispatcher.submit_many(jobs)
+
+    def next_batch(self, shard_id: int) -> tuple[str, bytes | None]:
+        """(incarnation, encoded UnitBatch for `shard_id` or None when nothing is ready)."""
+        d = self.dispatcher
+        loads = [0 if s == shard_id else 1 << 40 for s in range(d.partitions.shards)]
+        batches = d.next_batches(loads, max_units=self.settings.batch_size)
+        mine = [b for b in batches if b.shard_id == shard_id]
+        if not mine:
+            return self.incarnation, None
+        if not self.first_dispatch:
+            self.first_dispatch = mine[0].units[0].dispatch_time
+        return self.incarnation, codec.encode(mine[0])
+
+    def report(self, reply_data: bytes, unschedulable_data: bytes, binder_incarnation: str) -> None:
+        """A batch's outcome, from the binder: verdicts first, then the shard's unschedulable."""
+        if binder_incarnation != self.binder_incarnation:
+            self.stale_reports += 1
+            return
+        reply = codec.decode(reply_data)
+        assert isinstance(reply, BindReply)
+        orphaned = self.dispatcher.on_reply(reply)
+        if orphaned and self.binder is not None:  # bound for a job cancelled while in flight
+            self.binder.release.remote(orphaned, TaskState.CANCELLED.value)
+        unschedulable = codec.decode(unschedulable_data)
+        assert isinstance(unschedulable, list)
+        if unschedulable:
+            self.dispatcher.on_unschedulable(unschedulable)
+        accepted = {a.job_id for a in reply.accepted}
+        self.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
+        for acc in reply.accepted:
+            self.bound_tasks += len(acc.placements)
+            self.last_bind = max(self.last_bind, acc.bind_time)
+
+    def requeue_in_flight(self, shard_id: int, binder_incarnation: str) -> int:
+        if binder_incarnation != self.binder_incarnation:
+            return 0
+        return self.dispatcher.requeue_in_flight(shard_id)
+
+    def counts(self) -> dict[str, Any]:
+        d = self.dispatcher
+        return {
+            "incarnation": self.incarnation,
+            "pending": d.pending_count(),
+            "waiting": d.waiting_count(),
+            "in_flight": d.in_flight_count(),
+            "active": d.active_count(),
+        }
+
+    def job_state(self, job_id: str) -> str:
+        return self.dispatcher.job_state(job_id).value
+
+    def task_state_counts(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """How many tasks of these jobs are in each state."""
+        out: dict[str, int] = {}
+        for job_id in job_ids:
+            for s in self.dispatcher.task_states(job_id):
+                out[s.value] = out.get(s.value, 0) + 1
+        return out
+
+    def task_states(self, job_id: str) -> list[str]:
+        return [s.value for s in self.dispatcher.task_states(job_id)]
+
+    def explain(self, job_id: str) -> str:
+        return self.dispatcher.explain(job_id)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "first_dispatch": self.first_dispatch,
+            "last_bind": self.last_bind,
+            "bound_tasks": self.bound_tasks,
+            "rejected_units": self.rejected_units,
+            "stale_reports": self.stale_reports,
+            "restored_jobs": self.restored,
+        }
+
+
+class BinderCore:
+    """The binder actor's body: recovers from the store at every (re)start."""
+
+    def __init__(self, store_path: str, dispatcher: Any) -> None:
+        self.store = Store(store_path)
+        self.binder = Binder(self.store)
+        self.dispatcher = dispatcher
+        self.incarnation = uuid.uuid4().hex
+        self.commits = 0
+
+    def get_incarnation(self) -> str:
+        return self.incarnation
+
+    def add_nodes(self, nodes: Sequence[Node]) -> int:
+        return self.binder.add_nodes(nodes)
+
+    def cluster(self) -> tuple[list[Node], dict[str, int]]:
+        """The live nodes and the cluster totals (for the dispatcher's partitions and capacity)."""
+        return self.binder.snapshot_nodes(), self.binder.state.totals()
+
+    def commit(self, batch_data: bytes) -> tuple[str, bytes]:
+        """Commit a shard's ProposalBatch; report the outcome to the dispatcher; answer the shard."""
+        batch = codec.decode(batch_data)
+        assert isinstance(batch, ProposalBatch)
+        reply = self.binder.commit(batch)
+        self.commits += 1
+        verdicts = BindReply(reply.accepted, reply.rejected, reply.evicted, [], reply.version)
+        self.dispatcher.report.remote(
+            codec.encode(verdicts), codec.encode(batch.unschedulable), self.incarnation
+        )
+        return self.incarnation, codec.encode(reply)
+
+    def requeue_shard(self, shard_id: int) -> int:
+        """A shard is lost: the dispatcher takes back its units, after every report sent before."""
+        return int(ray.get(self.dispatcher.requeue_in_flight.remote(shard_id, self.incarnation)))
+
+    def changes_since(self, version: int) -> bytes:
+        return codec.encode(self.binder.changes_since(version))
+
+    def release(self, task_ids: Sequence[str], reason: str) -> list[str]:
+        return self.binder.release(task_ids, reason)
+
+    def resident_node(self, tid: str) -> str | None:
+        got = self.binder.resident(tid)
+        return None if got is None else got[0]
+
+    def resident_ids(self) -> list[str]:
+        """Every task id resident on a node (one entry per residence: a duplicate is a bug)."""
+        return [tid for per_node in self.binder.state.residents for tid in per_node]
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.binder.version, "commits": self.commits, "incarnation": self.incarnation}
+
+
+class ShardCore:
+    """A shard actor's body. A (re)started shard resyncs its view from the binder before planning."""
+
+    def __init__(self, shard_id: int, profile: ProfileConfig, dispatcher: Any, binder: Any) -> None:
+        self.shard_id = shard_id
+        self.profile = profile
+        self.dispatcher = dispatcher
+        self.binder = binder
+        self.shard = SchedulerShard(shard_id, profile)
+        self.ready = False
+        self.rounds = 0
+
+    def reset(self, partition: Sequence[str] | None) -> int:
+        """Drop the view and every assumption, resync from the binder; returns the version."""
+        self.shard = SchedulerShard(self.shard_id, self.profile)
+        self.shard.set_partition(partition)
+        changes, version, resync = _decode_changes(ray.get(self.binder.changes_since.remote(0)))
+        self.shard.sync(changes, version, resync)
+        self.ready = True
+        return version
+
+    def set_partition(self, partition: Sequence[str] | None) -> None:
+        self.shard.set_partition(partition)
+
+    def sync(self) -> int:
+        """Bring the view up to the binder's version now (as a reply would); returns it."""
+        data = ray.get(self.binder.changes_since.remote(self.shard.version))
+        changes, version, resync = _decode_changes(data)
+        self.shard.sync(changes, version, resync)
+        return version
+
+    def run_once(self) -> dict[str, Any]:
+        """One round: pull a batch, plan it, commit it, apply the reply. Never raises for a lost
+        peer: {"lost": "dispatcher" | "binder"} tells the driver to recover."""
+        try:
+            if not self.ready:
+                self.reset(ray.get(self.dispatcher.partition_of.remote(self.shard_id)))
+            d_inc, data = ray.get(self.dispatcher.next_batch.remote(self.shard_id))
+        except RayActorError:
+            return {"lost": "dispatcher"}
+        if data is None:
+            return {"idle": True, "dispatcher": d_inc}
+        res = self.process(data)
+        res["dispatcher"] = d_inc
+        return res
+
+    def process(self, data: bytes) -> dict[str, Any]:
+        """Plan an encoded UnitBatch, commit it to the binder and apply the reply."""
+        batch = codec.decode(data)
+        assert isinstance(batch, UnitBatch)
+        planned = self.shard.schedule(batch)
+        try:
+            b_inc, reply_data = ray.get(self.binder.commit.remote(codec.encode(planned)))
+        except RayActorError:
+            for p in planned.proposals:  # the verdicts are unknown: drop the assumptions
+                ctx = self.shard.inflight.pop(p.job.id, None)
+                if ctx is not None:
+                    ctx.undo(self.shard.state)
+            return {"lost": "binder"}
+        reply = codec.decode(reply_data)
+        assert isinstance(reply, BindReply)
+        self.shard.apply_reply(reply)
+        self.rounds += 1
+        return {
+            "idle": False,
+            "binder": b_inc,
+            "units": len(batch.units),
+            "proposals": len(planned.proposals),
+            "unschedulable": len(planned.unschedulable),
+            "bound": sum(len(a.placements) for a in reply.accepted),
+        }
+
+    def inflight_count(self) -> int:
+        return len(self.shard.inflight)
+
+
+def _decode_changes(data: bytes) -> tuple[list[Change], int, bool]:
+    """BinderCore.changes_since's answer: (changes, version, resync)."""
+    decoded = codec.decode(data)
+    assert isinstance(decoded, tuple) and len(decoded) == 3
+    changes, version, resync = decoded
+    return list(changes), int(version), bool(resync)
+
+
+def make_actor_classes() -> tuple[Any, Any, Any]:
+    """The Ray actor classes (dispatcher, binder, shard). Shards and the binder restart without
+    limit; every actor is created with num_cpus=0 so that none waits for a CPU slot."""
+    dispatcher = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1)(DispatcherCore)
+    binder = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1)(BinderCore)
+    shard = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1)(ShardCore)
+    return dispatcher, binder, shard

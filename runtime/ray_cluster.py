@@ -1,0 +1,289 @@
+"""GoSched on Ray: the dispatcher, the binder and N shards as actors (runtime/ray_actors.py).
+
+    rs = RayScheduler(settings, nodes, address=None)    # starts Ray, or joins `address`
+    rs.submit(job) / rs.submit_many(jobs)
+    rs.run_until_idle(timeout=60.0)                     # rounds of every shard, concurrently
+    rs.job_state(job_id) / rs.task_states(job_id) / rs.stats() / rs.shutdown()
+
+Who drives: this driver keeps one ShardActor.run_once call in flight per shard and waits on them
+with ray.wait, starting a shard's next round as soon as its last one is done. A round is a whole
+loop inside the shard actor (pull a UnitBatch from the dispatcher, plan it, commit the
+ProposalBatch to the binder, apply the reply), so the shards plan at the same time in their own
+processes while the binder actor, one thread, serialises the commits.
+
+Failures:
+* a shard actor dies (its round raises RayActorError): the binder has the dispatcher take back
+  the shard's units (requeue_in_flight, ordered after every report the binder sent), Ray restarts
+  the actor, and its next round resyncs its view from the binder (changes_since(0)) first;
+* the binder or the dispatcher restarts (a shard reports it lost, or its incarnation changed): the
+  driver lets the rounds in flight finish, reloads the dispatcher from the store (bindings are
+  committed there before any report), gives it the nodes again, and resets every shard's view.
+  The binder refuses a task already bound (its task_valid stage), so nothing is bound twice.
+"""
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from gosched.common.config import Settings
+from gosched.common.job import Job
+from gosched.common.node import Node
+from gosched.runtime.ray_actors import make_actor_classes
+
+# Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
+IDLE_POLL_S = 0.005
+
+
+class RayScheduler:
+    def __init__(self, settings: Settings, nodes: Sequence[Node] = (), address: str | None = None) -> None:
+        self.settings = settings
+        self._own_ray = False
+        if not ray.is_initialized():
+            if address is None:
+                ray.init(include_dashboard=False, logging_level=logging.WARNING)
+            else:
+                ray.init(address=address, logging_level=logging.WARNING)
+            self._own_ray = True
+        dispatcher_cls, binder_cls, shard_cls = make_actor_classes()
+        self.dispatcher = dispatcher_cls.remote(settings)
+        self.binder = binder_cls.remote(settings.store_path, self.dispatcher)
+        self.binder_incarnation: str = ray.get(self.binder.get_incarnation.remote())
+        self.dispatcher_incarnation: str = ray.get(
+            self.dispatcher.set_binder.remote(self.binder, self.binder_incarnation)
+        )
+        self.shards = [
+            shard_cls.remote(i, settings.profile, self.dispatcher, self.binder)
+            for i in range(settings.shards)
+        ]
+        self.counters = {
+            "rounds": 0,
+            "proposals": 0,
+            "unschedulable_units": 0,
+            "shard_restarts": 0,
+            "control_recoveries": 0,
+        }
+        if nodes:
+            ray.get(self.binder.add_nodes.remote(list(nodes)))
+        self._wire(reset_shards=True)
+
+    # -- wiring ------------------------------------------------------------------------------------
+    def _wire(self, *, reset_shards: bool) -> None:
+        """Give the dispatcher the binder's nodes and totals; give each shard its partition."""
+        nodes, totals = ray.get(self.binder.cluster.remote())
+        parts: list[list[str]] = ray.get(self.dispatcher.set_nodes.remote(nodes, totals))
+        if reset_shards:
+            ray.get([s.reset.remote(p) for s, p in zip(self.shards, parts, strict=True)])
+        else:
+            ray.get([s.set_partition.remote(p) for s, p in zip(self.shards, parts, strict=True)])
+
+    def add_nodes(self, nodes: Sequence[Node]) -> None:
+        """Register nodes; the shards learn them with their next reply."""
+        ray.get(self.binder.add_nodes.remote(list(nodes)))
+        self._wire(reset_shards=False)
+
+    # -- jobs --------------------------------------------------------------------------------------
+    def submit(self, job: Job) -> str:
+        return self.submit_many([job])[0]
+
+    def submit_many(self, jobs: Sequence[Job]) -> list[str]:
+        ids: list[str] = ray.get(self.dispatcher.submit_many.remote(list(jobs)))
+        return ids
+
+    def job_state(self, job_id: str) -> str:
+        state: str = ray.get(self.dispatcher.job_state.remote(job_id))
+        return state
+
+    def task_states(self, job_id: str) -> list[str]:
+        states: list[str] = ray.get(self.dispatcher.task_states.remote(job_id))
+        return states
+
+    def task_state_counts(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """How many tasks of these jobs are in each state (one call for all of them)."""
+        counts: dict[str, int] = ray.get(self.dispatcher.task_state_counts.remote(list(job_ids)))
+        return counts
+
+    def explain(self, job_id: str) -> str:
+        text: str = ray.get(self.dispatcher.explain.remote(job_id))
+        return text
+
+    def resident_node(self, tid: str) -> str | None:
+        """The node a task is bound to at the binder, or None."""
+        node: str | None = ray.get(self.binder.resident_node.remote(tid))
+        return node
+
+    def sync_shards(self) -> None:
+        """Bring every shard's view up to the binder's version now."""
+        ray.get([s.sync.remote() for s in self.shards])
+
+    def resident_ids(self) -> list[str]:
+        """Every task id resident at the binder, once per residence."""
+        ids: list[str] = ray.get(self.binder.resident_ids.remote())
+        return ids
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run_until_idle(self, timeout: float = 300.0, on_round: Callable[[int], None] | None = None) -> int:
+        """Run the shards' rounds until nothing is dispatched, nothing is in flight and no job is
+        backing off. Returns the rounds run; raises TimeoutError after `timeout` seconds.
+        `on_round(n)` is called after the n-th completed round (fault injection in tests)."""
+        deadline = time.monotonic() + timeout
+        rounds = 0
+        outstanding: dict[Any, int] = {}
+        idle: set[int] = set()
+        retry_at: dict[int, float] = {}
+
+        def start(s: int) -> None:
+            outstanding[self.shards[s].run_once.remote()] = s
+
+        for s in range(len(self.shards)):
+            start(s)
+        while True:
+            if time.monotonic() > deadline:
+                self._drain(outstanding)
+                raise TimeoutError(f"not idle after {timeout}s")
+            now = time.monotonic()
+            for s, at in list(retry_at.items()):
+                if at <= now:
+                    del retry_at[s]
+                    start(s)
+            if not outstanding:
+                if len(idle) == len(self.shards) and not retry_at:
+                    counts = ray.get(self.dispatcher.counts.remote())
+                    if counts["incarnation"] != self.dispatcher_incarnation:
+                        self._recover()
+                    elif counts["in_flight"] == 0 and counts["waiting"] == 0:
+                        if self._probe_idle():
+                            return rounds
+                    else:
+                        pause = self.settings.retry_backoff_s if counts["in_flight"] == 0 else IDLE_POLL_S
+                        time.sleep(max(pause, IDLE_POLL_S))
+                    idle.clear()
+                    for s in range(len(self.shards)):
+                        start(s)
+                    continue
+                time.sleep(IDLE_POLL_S)
+                continue
+            ready, _ = ray.wait(list(outstanding), num_returns=1, timeout=0.05)
+            lost_control = False
+            for ref in ready:
+                s = outstanding.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except RayActorError:
+                    self._shard_lost(s)
+                    start(s)
+                    continue
+                if "lost" in res or self._restarted(res):
+                    lost_control = True
+                    continue
+                if res["idle"]:
+                    idle.add(s)
+                    if len(idle) < len(self.shards):
+                        retry_at[s] = time.monotonic() + IDLE_POLL_S
+                    continue
+                idle.discard(s)
+                rounds += 1
+                self.counters["rounds"] += 1
+                self.counters["proposals"] += res["proposals"]
+                self.counters["unschedulable_units"] += res["unschedulable"]
+                if on_round is not None:
+                    on_round(rounds)
+                for other in list(idle):  # work is flowing: the idle ones ask again
+                    if other not in retry_at and other not in outstanding.values():
+                        idle.discard(other)
+                        start(other)
+                start(s)
+            if lost_control:
+                self._drain(outstanding)
+                retry_at.clear()
+                idle.clear()
+                self._recover()
+                for s in range(len(self.shards)):
+                    start(s)
+
+    def _restarted(self, res: dict[str, Any]) -> bool:
+        d_inc = res.get("dispatcher")
+        b_inc = res.get("binder")
+        return (d_inc is not None and d_inc != self.dispatcher_incarnation) or (
+            b_inc is not None and b_inc != self.binder_incarnation
+        )
+
+    def _probe_idle(self) -> bool:
+        """One more round on every shard: idle only if none of them got a batch."""
+        results = []
+        for shard in self.shards:
+            try:
+                results.append(ray.get(shard.run_once.remote()))
+            except RayActorError:
+                return False
+        busy = False
+        for res in results:
+            if "lost" in res or self._restarted(res):
+                self._recover()
+                return False
+            if not res["idle"]:
+                busy = True
+                self.counters["rounds"] += 1
+                self.counters["proposals"] += res["proposals"]
+                self.counters["unschedulable_units"] += res["unschedulable"]
+        return not busy
+
+    def _drain(self, outstanding: dict[Any, int]) -> None:
+        """Let the rounds in flight end (their results are dropped; a lost shard is handled)."""
+        for ref in list(outstanding):
+            try:
+                ray.get(ref)
+            except RayActorError:
+                self.counters["shard_restarts"] += 1
+        outstanding.clear()
+
+    def _shard_lost(self, shard_id: int) -> None:
+        """Ray restarts the shard; its units go back to the queue (it resyncs on its next round)."""
+        self.counters["shard_restarts"] += 1
+        # If the binder is down too, the recovery that follows reloads the dispatcher instead.
+        with contextlib.suppress(RayActorError):
+            ray.get(self.binder.requeue_shard.remote(shard_id))
+
+    def _recover(self, timeout: float = 120.0) -> None:
+        """After a binder or dispatcher restart: reload the dispatcher from the store, rewire the
+        nodes and partitions, and reset every shard's view. Nothing runs meanwhile."""
+        self.counters["control_recoveries"] += 1
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.binder_incarnation = ray.get(self.binder.get_incarnation.remote())
+                self.dispatcher_incarnation = ray.get(
+                    self.dispatcher.reload.remote(self.binder, self.binder_incarnation)
+                )
+                self._wire(reset_shards=True)
+                return
+            except RayActorError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters of the driver, the dispatcher and the binder; tasks_per_s from the first
+        dispatch to the last binding."""
+        out: dict[str, Any] = dict(self.counters)
+        d = ray.get(self.dispatcher.stats.remote())
+        b = ray.get(self.binder.stats.remote())
+        out.update(d)
+        out["binder_version"] = b["version"]
+        out["binder_commits"] = b["commits"]
+        span = d["last_bind"] - d["first_dispatch"]
+        out["tasks_per_s"] = d["bound_tasks"] / span if span > 0 and d["first_dispatch"] else 0.0
+        return out
+
+    def shutdown(self) -> None:
+        """Kill the actors (and stop Ray if this scheduler started it)."""
+        for handle in [*self.shards, self.binder, self.dispatcher]:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(handle, no_restart=True)
+        if self._own_ray:
+            ray.shutdown()

@@ -1,0 +1,126 @@
+"""GoSched on real local Ray: the same components as actors, failures included."""
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from gosched.common.config import ProfileConfig, Settings  # noqa: E402
+from gosched.common.job import Job  # noqa: E402
+from gosched.common.node import Node  # noqa: E402
+from gosched.runtime.ray_bench import run_ray_bench  # noqa: E402
+from gosched.runtime.ray_cluster import RayScheduler  # noqa: E402
+from gosched.runtime.simulation import basic_jobs, sim_nodes  # noqa: E402
+from tests.builders import make_job, make_node  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def scheduler(tmp_path: Path, nodes: Sequence[Node], **settings: object) -> RayScheduler:
+    opts: dict[str, object] = {"store_path": str(tmp_path / "gosched.db"), "shards": 2} | settings
+    return RayScheduler(Settings(**opts), nodes)  # type: ignore[arg-type]
+
+
+def assert_all_bound_once(rs: RayScheduler, jobs: Sequence[Job]) -> None:
+    expected = sorted(f"{j.id}/{i}" for j in jobs for i in range(j.total_replicas))
+    ids = rs.resident_ids()
+    assert len(ids) == len(set(ids)), "a task is resident twice"
+    assert sorted(ids) == expected
+    assert rs.task_state_counts([j.id for j in jobs]) == {"bound": len(expected)}
+
+
+def test_gang_and_2000_jobs_bind_exactly_once(tmp_path: Path) -> None:
+    rs = scheduler(tmp_path, sim_nodes(100))
+    try:
+        gang = make_job("gang").cpu("4").mem("16Gi").gpus(4).replicas(4).min_member(4).build()
+        jobs = [gang, *basic_jobs(2000)]
+        rs.submit(gang)
+        rs.submit_many(jobs[1:])
+        rs.run_until_idle(timeout=60)
+        assert_all_bound_once(rs, jobs)
+        assert rs.job_state("gang") == "running"
+        stats = rs.stats()
+        assert stats["bound_tasks"] == 2004
+        assert stats["shard_restarts"] == 0
+    finally:
+        rs.shutdown()
+
+
+def test_two_shards_race_for_the_last_gpu(tmp_path: Path) -> None:
+    # Two one-GPU nodes. Without partition-first both shards, on the same view with the same
+    # profile, pick the same node for their task: exactly one wins, the other goes elsewhere.
+    nodes = [make_node("a").gpus(1).build(), make_node("b").gpus(1).build()]
+    rs = scheduler(tmp_path, nodes, profile=ProfileConfig(locating=[]), batch_size=1)
+    try:
+        rs.submit_many([make_job("x").cpu("1").gpus(1).build(), make_job("y").cpu("1").gpus(1).build()])
+        # One unit to each shard; both plan at once, the binder judges them in turn.
+        data = [ray.get(rs.dispatcher.next_batch.remote(s))[1] for s in (0, 1)]
+        assert all(d is not None for d in data)
+        results = ray.get([rs.shards[s].process.remote(d) for s, d in zip((0, 1), data, strict=True)])
+        assert sum(r["proposals"] for r in results) == 2
+        assert sum(r["bound"] for r in results) == 1
+        placed = {t: rs.resident_node(t) for t in ("x/0", "y/0")}
+        (winner,) = [t for t, node in placed.items() if node is not None]
+        rs.run_until_idle(timeout=30)
+        loser = "y/0" if winner == "x/0" else "x/0"
+        assert {rs.resident_node(winner), rs.resident_node(loser)} == {"a", "b"}
+        assert rs.stats()["rejected_units"] == 1
+    finally:
+        rs.shutdown()
+
+
+def killer(rs: RayScheduler, target: str, at_round: int) -> tuple[list[int], Callable[[int], None]]:
+    """An on_round hook that kills shard 0, the binder or the dispatcher (Ray restarts it)."""
+    killed: list[int] = []
+
+    def on_round(n: int) -> None:
+        if n == at_round and not killed:
+            handle = rs.shards[0] if target == "shard" else getattr(rs, target)
+            ray.kill(handle, no_restart=False)
+            killed.append(n)
+
+    return killed, on_round
+
+
+def test_shard_killed_while_10000_jobs_flow(tmp_path: Path) -> None:
+    rs = scheduler(tmp_path, sim_nodes(200), batch_size=256)
+    try:
+        jobs = basic_jobs(10_000)
+        rs.submit_many(jobs)
+        killed, on_round = killer(rs, "shard", 5)
+        rs.run_until_idle(timeout=120, on_round=on_round)
+        assert killed == [5]
+        assert rs.stats()["shard_restarts"] >= 1
+        assert_all_bound_once(rs, jobs)
+    finally:
+        rs.shutdown()
+
+
+@pytest.mark.parametrize("target", ["binder", "dispatcher"])
+def test_control_actor_restart_mid_run(tmp_path: Path, target: str) -> None:
+    rs = scheduler(tmp_path, sim_nodes(100), batch_size=100)
+    try:
+        gang = make_job("gang").cpu("4").mem("16Gi").gpus(4).replicas(4).min_member(4).build()
+        jobs = [gang, *basic_jobs(2000)]
+        rs.submit_many(jobs)
+        killed, on_round = killer(rs, target, 3)
+        rs.run_until_idle(timeout=60, on_round=on_round)
+        assert killed == [3]
+        assert rs.stats()["control_recoveries"] >= 1
+        assert_all_bound_once(rs, jobs)
+        assert rs.job_state("gang") == "running"
+    finally:
+        rs.shutdown()
+
+
+def test_ray_bench_probe() -> None:
+    out = run_ray_bench(nodes=50, tasks=500, shards=2)
+    assert out["bound_tasks"] == 500
+    assert out["tasks_per_s"] > 0
