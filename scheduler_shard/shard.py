@@ -92,6 +92,9 @@ class SchedulerShard:
         proposals: list[Proposal] = []
         unschedulable = []
         for unit in batch.units:
+            stale = self.inflight.pop(unit.job.id, None)
+            if stale is not None:  # the job was dispatched again (a restart): its old plan is void
+                stale.undo(self.state)
             if self._learners and unit.attempt == 0:
                 self._observe(unit)
             ctx, leftover = self.placer.schedule_unit(unit, self.state, own)
