@@ -7,7 +7,17 @@ plain and editable installs; sub-packages are discovered, so a new one needs no 
 from setuptools import find_packages, setup
 
 # Top-level folders that are parts of the `gosched` package (tests/, deploy/, docs/ are not).
-COMPONENTS = ("common", "dispatcher", "scheduler_shard", "binder", "proto", "runtime", "bench", "cli")
+COMPONENTS = (
+    "common",
+    "dispatcher",
+    "scheduler_shard",
+    "binder",
+    "proto",
+    "runtime",
+    "bench",
+    "agent",
+    "cli",
+)
 
 package_dir = {"gosched": "gosched"}
 packages = ["gosched"]

@@ -1,0 +1,73 @@
+"""Per-task cgroup v2 limits (CPU and memory) where the unified hierarchy is writable."""
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+@dataclass(slots=True)
+class CgroupSupport:
+    available: bool
+    reason: str  # why not, when not
+    parent: Path | None = None
+
+
+def detect(root: Path = ROOT, name: str = "gosched") -> CgroupSupport:
+    """Is cgroup v2 with the cpu and memory controllers writable here? Makes `<root>/<name>`."""
+    controllers = root / "cgroup.controllers"
+    if not controllers.exists():
+        return CgroupSupport(False, f"{root} is not a cgroup v2 hierarchy")
+    have = set(controllers.read_text().split())
+    if not {"cpu", "memory"} <= have:
+        return CgroupSupport(
+            False, f"cgroup v2 lacks the cpu/memory controllers (has: {' '.join(sorted(have))})"
+        )
+    parent = root / name
+    try:
+        parent.mkdir(exist_ok=True)
+        # Children of `parent` get the controllers only if `parent` delegates them.
+        (parent / "cgroup.subtree_control").write_text("+cpu +memory")
+    except OSError as exc:
+        return CgroupSupport(False, f"cgroup v2 is not writable: {exc}")
+    return CgroupSupport(True, "", parent)
+
+
+@dataclass(slots=True)
+class TaskCgroup:
+    path: Path
+
+    @classmethod
+    def create(cls, support: CgroupSupport, task_id: str, cpu_milli: int, memory: int) -> "TaskCgroup":
+        assert support.parent is not None
+        path = support.parent / task_id.replace("/", "_")
+        path.mkdir(exist_ok=True)
+        if cpu_milli > 0:
+            (path / "cpu.max").write_text(f"{cpu_milli * PERIOD_US // 1000} {PERIOD_US}")
+        if memory > 0:
+            (path / "memory.max").write_text(str(memory))
+            swap = path / "memory.swap.max"
+            if swap.exists():
+                swap.write_text("0")  # over the limit means killed, not swapped
+        return cls(path)
+
+    @property
+    def procs(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    def oom_killed(self) -> bool:
+        events = self.path / "memory.events"
+        if not events.exists():
+            return False
+        for line in events.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and int(value) > 0:
+                return True
+        return False
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):  # still has processes, or already gone
+            os.rmdir(self.path)

@@ -1,0 +1,158 @@
+"""Runs bound tasks as local processes: a shell command with its GPUs, env, cwd and limits.
+
+Each task runs in its own session (process group) so that a kill reaches its whole tree; stdout
+and stderr go to files the API can stream. A kill sends SIGTERM to the group, then SIGKILL after
+the grace period. Where cgroup v2 is writable, each task gets its own cgroup with its CPU and
+memory limits, and an out-of-memory kill is reported as such.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gosched.agent.cgroups import CgroupSupport, TaskCgroup
+
+
+@dataclass(slots=True)
+class TaskSpec:
+    task_id: str
+    command: list[str]  # argv; a single string is run by /bin/sh -c
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: list[int] = field(default_factory=list)  # GPU indexes assigned on this node
+    cwd: str | None = None
+    cpu_milli: int = 0
+    memory: int = 0
+
+
+@dataclass(slots=True)
+class TaskExit:
+    task_id: str
+    exit_code: int | None
+    reason: str  # exited | killed | oom_killed | failed_to_start
+    signal: int | None = None
+    message: str = ""
+
+
+@dataclass(slots=True)
+class _Running:
+    spec: TaskSpec
+    proc: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+    cgroup: TaskCgroup | None
+    kill_requested: bool = False
+    kill_deadline: float | None = None
+
+
+def task_env(spec: TaskSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a task sees: the agent's, the task's own, and exactly its GPUs."""
+    env = dict(os.environ if base is None else base)
+    env.update(spec.env)
+    visible = ",".join(str(g) for g in spec.gpus)
+    env["CUDA_VISIBLE_DEVICES"] = visible
+    env["NVIDIA_VISIBLE_DEVICES"] = visible or "none"
+    env["GOSCHED_TASK_ID"] = spec.task_id
+    return env
+
+
+class ShellExecutor:
+    def __init__(self, log_dir: str | Path, cgroups: CgroupSupport | None = None) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.cgroups = cgroups if cgroups is not None and cgroups.available else None
+        self.running: dict[str, _Running] = {}
+
+    @property
+    def limits_enforced(self) -> bool:
+        return self.cgroups is not None
+
+    def log_paths(self, task_id: str) -> tuple[Path, Path]:
+        stem = task_id.replace("/", "_")
+        return self.log_dir / f"{stem}.out", self.log_dir / f"{stem}.err"
+
+    def start(self, spec: TaskSpec) -> TaskExit | None:
+        """Start the task; a TaskExit right away if it cannot start."""
+        if spec.task_id in self.running:
+            return None  # already running: a repeated launch is not run twice
+        if not spec.command:
+            return TaskExit(spec.task_id, None, "failed_to_start", message="empty command")
+        argv = ["/bin/sh", "-c", spec.command[0]] if len(spec.command) == 1 else list(spec.command)
+        out_path, err_path = self.log_paths(spec.task_id)
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = TaskCgroup.create(self.cgroups, spec.task_id, spec.cpu_milli, spec.memory)
+            # The shell joins the cgroup before it execs the task, so no child escapes the limits.
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.procs), *argv]
+        try:
+            with out_path.open("ab") as out, err_path.open("ab") as err:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    cwd=spec.cwd or None,
+                    env=task_env(spec),
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            if cgroup is not None:
+                cgroup.remove()
+            return TaskExit(spec.task_id, None, "failed_to_start", message=str(exc))
+        self.running[spec.task_id] = _Running(spec, proc, out_path, err_path, cgroup)
+        return None
+
+    def kill(self, task_id: str, grace_s: float = 10.0) -> bool:
+        """SIGTERM the task's process group now, SIGKILL it after `grace_s` (see poll)."""
+        run = self.running.get(task_id)
+        if run is None:
+            return False
+        run.kill_requested = True
+        run.kill_deadline = time.monotonic() + grace_s
+        _signal_group(run.proc.pid, signal.SIGTERM)
+        return True
+
+    def poll(self) -> list[TaskExit]:
+        """Tasks that ended since the last poll; escalates kills whose grace has run out."""
+        ended: list[TaskExit] = []
+        now = time.monotonic()
+        for task_id, run in list(self.running.items()):
+            code = run.proc.poll()
+            if code is None:
+                if run.kill_deadline is not None and now >= run.kill_deadline:
+                    _signal_group(run.proc.pid, signal.SIGKILL)
+                    run.kill_deadline = None
+                continue
+            # The leader is gone; make sure nothing of its group lingers.
+            _signal_group(run.proc.pid, signal.SIGKILL)
+            del self.running[task_id]
+            ended.append(self._exit(run, code))
+        return ended
+
+    def _exit(self, run: _Running, code: int) -> TaskExit:
+        task_id = run.spec.task_id
+        oom = run.cgroup is not None and run.cgroup.oom_killed()
+        if run.cgroup is not None:
+            run.cgroup.remove()
+        sig = -code if code < 0 else None
+        if oom:
+            return TaskExit(task_id, code, "oom_killed", sig, "the task exceeded its memory limit")
+        if run.kill_requested:
+            return TaskExit(task_id, code, "killed", sig)
+        return TaskExit(task_id, code, "exited", sig)
+
+    def wait_all(self, timeout_s: float) -> list[TaskExit]:
+        deadline = time.monotonic() + timeout_s
+        ended: list[TaskExit] = []
+        while self.running and time.monotonic() < deadline:
+            ended.extend(self.poll())
+            time.sleep(0.02)
+        return ended
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

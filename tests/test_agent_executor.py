@@ -1,0 +1,97 @@
+"""The agent's executor on real processes: env and GPUs, logs, exit codes, kills of whole trees."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gosched.agent.cgroups import detect
+from gosched.agent.executor import ShellExecutor, TaskSpec
+
+
+@pytest.fixture
+def executor(tmp_path: Path) -> ShellExecutor:
+    return ShellExecutor(tmp_path / "logs")
+
+
+def test_gpus_env_and_logs(executor: ShellExecutor, tmp_path: Path) -> None:
+    spec = TaskSpec(
+        "j/0",
+        ['echo "gpus=$CUDA_VISIBLE_DEVICES x=$X pwd=$(pwd)"; echo oops >&2'],
+        env={"X": "42"},
+        gpus=[0, 3],
+        cwd=str(tmp_path),
+    )
+    assert executor.start(spec) is None
+    (end,) = executor.wait_all(10)
+    assert end.reason == "exited" and end.exit_code == 0
+    out, err = executor.log_paths("j/0")
+    assert out.read_text().strip() == f"gpus=0,3 x=42 pwd={tmp_path}"
+    assert err.read_text().strip() == "oops"
+
+
+@pytest.mark.parametrize(("command", "code"), [(["exit 3"], 3), (["true"], 0), (["/bin/false"], 1)])
+def test_exit_codes(executor: ShellExecutor, command: list[str], code: int) -> None:
+    executor.start(TaskSpec("t/0", command))
+    (end,) = executor.wait_all(10)
+    assert end.exit_code == code and end.reason == "exited"
+
+
+def test_missing_program_fails_to_start(executor: ShellExecutor) -> None:
+    end = executor.start(TaskSpec("t/0", ["/nonexistent/program", "arg"]))
+    assert end is not None and end.reason == "failed_to_start"
+
+
+def test_kill_reaches_the_whole_process_tree(executor: ShellExecutor, tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    # The task starts a grandchild that ignores nothing and sleeps; killing the task must end both.
+    executor.start(TaskSpec("t/0", [f"sleep 60 & echo $! > {pidfile}; wait"]))
+    deadline = time.time() + 5
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.time() < deadline
+        time.sleep(0.02)
+    child = int(pidfile.read_text())
+    assert executor.kill("t/0", grace_s=5)
+    (end,) = executor.wait_all(10)
+    assert end.reason == "killed"
+    deadline = time.time() + 5
+    while running(child):
+        assert time.time() < deadline, "the grandchild survived the kill"
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lingers until some init reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_sigterm_ignored_then_sigkill_after_grace(executor: ShellExecutor) -> None:
+    executor.start(TaskSpec("t/0", ["trap '' TERM; sleep 60"]))
+    time.sleep(0.2)
+    executor.kill("t/0", grace_s=0.3)
+    start = time.monotonic()
+    (end,) = executor.wait_all(10)
+    assert end.reason == "killed" and end.signal == 9
+    assert time.monotonic() - start >= 0.25
+
+
+def test_a_repeated_launch_does_not_run_twice(executor: ShellExecutor) -> None:
+    executor.start(TaskSpec("t/0", ["sleep 0.3; echo once"]))
+    executor.start(TaskSpec("t/0", ["sleep 0.3; echo once"]))
+    executor.wait_all(10)
+    assert executor.log_paths("t/0")[0].read_text().count("once") == 1
+
+
+def test_memory_limit_kills_and_reports(tmp_path: Path) -> None:
+    support = detect()
+    if not support.available:
+        pytest.skip(f"cgroup v2 limits unavailable here: {support.reason}")
+    ex = ShellExecutor(tmp_path / "logs", cgroups=support)
+    hog = 'python3 -c "b = bytearray(512 * 2**20); import time; time.sleep(5)"'
+    ex.start(TaskSpec("hog/0", [hog], memory=64 * 2**20))
+    (end,) = ex.wait_all(30)
+    assert end.reason == "oom_killed"
