@@ -14,31 +14,59 @@ app.add_typer(config_app, name="config")
 
 @app.command()
 def bench(
+    workload: Annotated[str, typer.Option(help="Workload name, comma list, or 'all'.")] = "scheduling-basic",
     in_process: Annotated[
-        bool, typer.Option("--in-process", help="Run all components in this process.")
+        bool, typer.Option("--in-process", help="All components in this process (no Ray).")
     ] = False,
     nodes: Annotated[int, typer.Option(help="Simulated nodes.")] = 10_000,
-    pods: Annotated[int, typer.Option("--pods", "--tasks", help="Tasks to schedule.")] = 50_000,
-    shards: Annotated[str, typer.Option(help="Shard counts, comma separated (e.g. 1,2,4).")] = "1",
-    profile: Annotated[str, typer.Option(help="default, minimal (fit check only) or both.")] = "default",
+    pods: Annotated[int, typer.Option("--pods", "--tasks", help="Measured tasks.")] = 50_000,
+    shards: Annotated[str, typer.Option(help="Shard counts, comma separated (e.g. 1,2,4,8).")] = "1",
+    profile: Annotated[
+        str, typer.Option(help="default, minimal (fit check only, the ceiling) or both.")
+    ] = "default",
     batch_size: Annotated[int, typer.Option(help="Units per shard batch.")] = 512,
+    out: Annotated[str, typer.Option(help="Results folder (table, JSON, PNG).")] = "results/bench",
 ) -> None:
-    """Measure scheduling throughput (SchedulingBasic: identical single-task jobs)."""
-    from gosched.bench.in_process import profiles, run_scheduling_basic
+    """Measure scheduling throughput, latency and conflicts per workload and shard count."""
+    import sys
+    from pathlib import Path
 
-    if not in_process:
-        typer.echo("only --in-process is available in this version", err=True)
-        raise typer.Exit(2)
+    from gosched.bench.in_process import profiles
+    from gosched.bench.report import table, write
+    from gosched.bench.runner import run_in_process, run_ray
+    from gosched.bench.workloads import WORKLOADS
+
     try:
         counts = [int(s) for s in shards.split(",") if s.strip()]
-        chosen = profiles(profile)
+        chosen_profiles = profiles(profile)
+        names = (
+            list(WORKLOADS) if workload == "all" else [w.strip() for w in workload.split(",") if w.strip()]
+        )
+        unknown = [n for n in names if n not in WORKLOADS]
+        if unknown or not counts or min(counts) < 1:
+            raise ValueError(
+                f"unknown workload {', '.join(unknown)} (known: {', '.join(WORKLOADS)})"
+                if unknown
+                else "--shards needs positive counts, e.g. 1,2,4"
+            )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    for count in counts:
-        for prof in chosen:
-            result = run_scheduling_basic(nodes, pods, count, profile=prof, batch_size=batch_size)
-            typer.echo(result.line())
+    run = run_in_process if in_process else run_ray
+    results = []
+    plan = [(n, c, p) for n in names for c in counts for p in chosen_profiles]
+    with typer.progressbar(plan, label="benchmarking", file=sys.stderr) as bar:
+        for name, count, prof in bar:
+            result = run(WORKLOADS[name](nodes, pods), count, prof, batch_size)
+            results.append(result)
+            typer.echo(
+                f"\n{result.tasks_per_s:,.0f} tasks/s  ({name}, {result.runtime}, {count} shard(s), "
+                f"profile {prof.name}, {result.bound:,} tasks in {result.seconds:.2f}s)",
+                err=False,
+            )
+    typer.echo(table(results))
+    for path in write(results, Path(out), " ".join(sys.argv)):
+        typer.echo(f"wrote {path}")
 
 
 @app.command()

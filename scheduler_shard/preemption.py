@@ -41,6 +41,45 @@ def victims_on_row(
     ctx: UnitContext,
 ) -> list[Resident] | None:
     """Smallest victim set on `row` (after reprieve) that lets the task fit; None if none does."""
+    req = tc.request
+    if not req.wants_gpu and not req.extended and not any(r.gpus or r.extended for r in eligible):
+        victims = _cpu_memory_victims(tc, state, row, eligible)
+    else:
+        victims = _victims_by_trial(profile, tc, state, row, eligible)
+    if victims is None:
+        return None
+    per_job: dict[str, int] = {}
+    for v in victims:
+        per_job[v.job_id] = per_job.get(v.job_id, 0) + 1
+        left = _budget_left(ctx, v)
+        if left is not None and per_job[v.job_id] > left:
+            return None  # would break that job's disruption budget
+    return victims
+
+
+def _cpu_memory_victims(
+    tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resident]
+) -> list[Resident] | None:
+    """The same remove-all-then-reprieve search in plain arithmetic, for CPU/memory-only work."""
+    req = tc.request
+    cpu_free = int(state.cpu_cap[row] - state.cpu_used[row]) + sum(r.cpu_milli for r in eligible)
+    mem_free = int(state.mem_cap[row] - state.mem_used[row]) + sum(r.memory for r in eligible)
+    if cpu_free < req.cpu_milli or mem_free < req.memory:
+        return None
+    victims: list[Resident] = []
+    for r in sorted(eligible, key=lambda r: (-r.priority, r.start_time)):
+        if cpu_free - r.cpu_milli >= req.cpu_milli and mem_free - r.memory >= req.memory:
+            cpu_free -= r.cpu_milli  # reprieved: it stays
+            mem_free -= r.memory
+        else:
+            victims.append(r)
+    return victims
+
+
+def _victims_by_trial(
+    profile: Profile, tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resident]
+) -> list[Resident] | None:
+    """Remove-all-then-reprieve on the view itself, so GPU assignment decides what fits."""
     removed: list[Resident] = []
     for r in sorted(eligible, key=lambda r: (r.priority, -r.start_time)):
         state.release(r.task_id)
@@ -54,12 +93,6 @@ def victims_on_row(
             if not fits_row(profile, tc, state, row):
                 state.release(r.task_id)
                 victims.append(r)
-        per_job: dict[str, int] = {}
-        for v in victims:
-            per_job[v.job_id] = per_job.get(v.job_id, 0) + 1
-            left = _budget_left(ctx, v)
-            if left is not None and per_job[v.job_id] > left:
-                return None  # would break that job's disruption budget
         return victims
     finally:
         for r in removed:

@@ -1,0 +1,81 @@
+"""`gosched bench` output: a readable table, a JSON file and a PNG plot under one results folder."""
+
+import json
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from gosched.bench.runner import RunResult
+
+
+def machine() -> dict[str, object]:
+    return {
+        "cpus": psutil.cpu_count(logical=True),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def table(results: Sequence[RunResult]) -> str:
+    head = (
+        f"{'workload':<18}{'runtime':<11}{'profile':<9}{'nodes':>7}{'shards':>7}{'tasks':>8}{'tasks/s':>10}"
+        f"{'p50ms':>8}{'p95ms':>8}{'p99ms':>8}{'conflicts':>10}{'retries':>8}{'rss MiB':>9}"
+    )
+    lines = [head]
+    for r in results:
+        lines.append(
+            f"{r.workload:<18}{r.runtime:<11}{r.profile:<9}{r.nodes:>7}{r.shards:>7}{r.bound:>8}"
+            f"{r.tasks_per_s:>10,.0f}{_ms(r.p50_ms):>8}{_ms(r.p95_ms):>8}{_ms(r.p99_ms):>8}"
+            f"{r.conflict_rate:>10.2%}{r.retries:>8}{r.peak_rss_mib:>9.0f}"
+        )
+    return "\n".join(lines)
+
+
+def write(results: Sequence[RunResult], out_dir: Path, command: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"command": command, "machine": machine(), "runs": [r.as_dict() for r in results]}
+    paths = [out_dir / "bench.json", out_dir / "bench.txt"]
+    paths[0].write_text(json.dumps(data, indent=2))
+    paths[1].write_text(table(results) + "\n")
+    png = plot(results, out_dir / "bench.png")
+    if png is not None:
+        paths.append(png)
+    return paths
+
+
+def plot(results: Sequence[RunResult], path: Path) -> Path | None:
+    """Throughput and conflict rate against shard count, one line per workload/profile/runtime."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    series: dict[str, list[RunResult]] = {}
+    for r in results:
+        series.setdefault(f"{r.workload} ({r.runtime}, {r.profile})", []).append(r)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, runs in series.items():
+        runs = sorted(runs, key=lambda r: r.shards)
+        xs = [r.shards for r in runs]
+        ax1.plot(xs, [r.tasks_per_s for r in runs], marker="o", label=label)
+        ax2.plot(xs, [100 * r.conflict_rate for r in runs], marker="o", label=label)
+    ax1.set_xlabel("shards")
+    ax1.set_ylabel("tasks bound per second")
+    ax1.set_title("throughput")
+    ax2.set_xlabel("shards")
+    ax2.set_ylabel("binder conflicts (% of proposals)")
+    ax2.set_title("conflict rate")
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
