@@ -27,7 +27,9 @@ def test_every_measured_task_is_counted_once(name: str) -> None:
 
 def test_report_files(tmp_path: Path) -> None:
     w = WORKLOADS["scheduling-basic"](20, 50)
-    runs = [run_in_process(w, shards=s, profile=p) for s in (1, 2) for p in (ProfileConfig(), MINIMAL_PROFILE)]
+    runs = [
+        run_in_process(w, shards=s, profile=p) for s in (1, 2) for p in (ProfileConfig(), MINIMAL_PROFILE)
+    ]
     paths = write(runs, tmp_path, "gosched bench test")
     data = json.loads((tmp_path / "bench.json").read_text())
     assert [r["shards"] for r in data["runs"]] == [1, 1, 2, 2]
@@ -37,7 +39,8 @@ def test_report_files(tmp_path: Path) -> None:
 
 def test_cli_prints_tasks_per_second(tmp_path: Path) -> None:
     out = CliRunner().invoke(
-        app, ["bench", "--in-process", "--nodes", "50", "--pods", "200", "--shards", "1", "--out", str(tmp_path)]
+        app,
+        ["bench", "--in-process", "--nodes", "50", "--pods", "200", "--shards", "1", "--out", str(tmp_path)],
     )
     assert out.exit_code == 0, out.output
     assert " tasks/s" in out.output and (tmp_path / "bench.json").exists()
