@@ -17,6 +17,7 @@ COMPONENTS = (
     "bench",
     "agent",
     "cli",
+    "api",
 )
 
 package_dir = {"gosched": "gosched"}

@@ -5,11 +5,15 @@ from typing import Annotated
 
 import typer
 
+from gosched.cli import agent_cmd, client_cmds, master_cmds
 from gosched.common.config import load_settings
 
 app = typer.Typer(help="GoSched: a sharded scheduler for GPU clusters.", no_args_is_help=True)
 config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+master_cmds.register(app)  # up, master
+agent_cmd.register(app)  # agent
+client_cmds.register(app)  # submit, jobs, get, describe, cancel, logs, nodes, queues, status, explain
 
 
 @app.command()

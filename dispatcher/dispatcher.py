@@ -51,6 +51,7 @@ from gosched.dispatcher.usage import UsageTracker
 PENDING = TaskState.PENDING
 SCHEDULED = TaskState.SCHEDULED
 BOUND = TaskState.BOUND
+RUNNING = TaskState.RUNNING
 PREEMPTED = TaskState.PREEMPTED
 CANCELLED = TaskState.CANCELLED
 NO_RECLAIM: frozenset[str] = frozenset()
@@ -398,6 +399,23 @@ class Dispatcher:
             self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
+
+    def on_started(self, task_ids: Iterable[str]) -> list[str]:
+        """Tasks whose process started on their node: bound -> running. Tasks in any other state
+        (cancelled or evicted meanwhile, or already running) are skipped. Returns those moved."""
+        updates: Updates = []
+        moved: list[str] = []
+        for tid in task_ids:
+            job_id, index = split_task_id(tid)
+            rec = self._jobs.get(job_id)
+            if rec is None or rec.states[index] is not BOUND:
+                continue
+            self._apply(rec, [(index, RUNNING)], updates)
+            updates.append((tid, RUNNING))  # not in PERSISTED: only this call knows it started
+            moved.append(tid)
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+        return moved
 
     def cancel(self, job_id: str) -> list[str]:
         """Cancel a job: every task not yet finished becomes cancelled now and leaves usage.

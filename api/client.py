@@ -1,0 +1,261 @@
+"""The Python client of a running GoSched (what a batch framework's driver uses).
+
+    from gosched import Client
+
+    with Client("localhost:9090") as client:
+        job_id = client.submit({"groups": [{"role": "worker", "replicas": 4, "command": "python train.py",
+                                            "resources": {"cpu": 4, "memory": "16Gi", "gpus": 1}}],
+                                "min_member": 4}, submission_id="driver-run-17")
+        info = client.wait(job_id, states={JobState.RUNNING}, timeout=60)
+        for task in info.tasks:
+            print(task.id, task.node, task.gpus)
+
+Every failed call raises a `GoschedError` subclass carrying the gRPC code and the server's message
+(`InvalidArgument.field` names the bad field of a spec).
+"""
+
+import builtins
+import time
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+
+from gosched.api import convert
+from gosched.api.convert import JobInfo, NodeInfo
+from gosched.api.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    GoschedError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    from_rpc_error,
+)
+from gosched.common.errors import SpecError
+from gosched.common.job import Job
+from gosched.common.node import NodeState
+from gosched.common.spec import job_from_spec
+from gosched.common.states import JobState
+from gosched.proto.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from gosched.proto.v1 import types_pb2 as pb
+
+__all__ = [
+    "AlreadyExists",
+    "Client",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "GoschedError",
+    "InvalidArgument",
+    "JobInfo",
+    "NodeInfo",
+    "NotFound",
+    "QueueInfo",
+    "ResourceExhausted",
+    "Unavailable",
+]
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    policy: str
+    guarantee: float
+    max_share: float
+    share: float
+
+
+class Client:
+    """A connection to the scheduler's gRPC API. `timeout`: seconds per unary call (None: none)."""
+
+    def __init__(
+        self,
+        target: str = "localhost:9090",
+        *,
+        timeout: float | None = 30.0,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._own_channel = channel is None
+        self.channel = channel if channel is not None else grpc.insecure_channel(target)
+        self._jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the server answers and its scheduler is ready (Unavailable after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if self.status(timeout=max(0.05, min(left, 1.0)))["ready"]:
+                    return
+            except (Unavailable, DeadlineExceeded):
+                pass
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"{self.target} not ready after {timeout}s")
+            time.sleep(0.05)
+
+    # -- jobs --------------------------------------------------------------------------------------
+    def submit(self, spec: Mapping[str, Any] | Job, *, submission_id: str = "") -> str:
+        """Submit a job (a spec dict as in gosched.common.spec, or a Job); returns its id.
+
+        With `submission_id`, submitting again returns the id of the job first accepted under it.
+        A spec dict is validated here first, so a bad one fails without a round trip.
+        """
+        if isinstance(spec, Job):
+            msg = convert.job_to_proto_spec(spec)
+        else:
+            try:
+                job = job_from_spec(spec)
+            except SpecError as exc:
+                raise InvalidArgument(str(exc), field=exc.field) from None
+            msg = convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
+        reply = self._call(
+            self._jobs.SubmitJob, jobs_pb2.SubmitJobRequest(spec=msg, submission_id=submission_id)
+        )
+        return str(reply.job_id)
+
+    def get(self, job_id: str) -> JobInfo:
+        return convert.job_info_from_proto(
+            self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id))
+        )
+
+    def list_page(
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str = "",
+        tenant: str = "",
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> tuple[builtins.list[JobInfo], str]:
+        """One page of jobs (submission order) and the token of the next ("" at the end)."""
+        request = jobs_pb2.ListJobsRequest(
+            state=convert.job_state_to_proto(state) if state is not None else pb.JOB_STATE_UNSPECIFIED,
+            queue=queue,
+            tenant=tenant,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        reply = self._call(self._jobs.ListJobs, request)
+        return [convert.job_info_from_proto(j) for j in reply.jobs], str(reply.next_page_token)
+
+    def list(
+        self,
+        *,
+        state: JobState | None = None,
+        queue: str = "",
+        tenant: str = "",
+        page_size: int = 100,
+        limit: int | None = None,
+    ) -> builtins.list[JobInfo]:
+        """Every matching job (following pages), at most `limit`. Tasks are not filled in."""
+        out: builtins.list[JobInfo] = []
+        token = ""
+        while True:
+            jobs, token = self.list_page(
+                state=state, queue=queue, tenant=tenant, page_size=page_size, page_token=token
+            )
+            out.extend(jobs)
+            if not token or (limit is not None and len(out) >= limit):
+                return out if limit is None else out[:limit]
+
+    def cancel(self, job_id: str) -> JobInfo:
+        """Cancel the job's unfinished tasks (FailedPrecondition if it has already finished)."""
+        reply = self._call(self._jobs.CancelJob, jobs_pb2.CancelJobRequest(job_id=job_id))
+        return convert.job_info_from_proto(reply)
+
+    def explain(self, job_id: str) -> str:
+        reply = self._call(self._jobs.ExplainJob, jobs_pb2.ExplainJobRequest(job_id=job_id))
+        return str(reply.explanation)
+
+    def watch(self, job_id: str, *, timeout: float | None = None) -> Iterator[JobInfo]:
+        """The job now, then every change; ends after a final state (DeadlineExceeded after `timeout`)."""
+        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id), timeout=timeout)
+        try:
+            for event in stream:
+                yield convert.job_info_from_proto(event.job)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            stream.cancel()
+
+    def wait(
+        self, job_id: str, *, states: Collection[JobState] | None = None, timeout: float | None = None
+    ) -> JobInfo:
+        """Block until the job reaches one of `states` (default: a final state); returns it then.
+
+        Raises DeadlineExceeded after `timeout` seconds, and FailedPrecondition if the job ends in
+        a final state that is not among `states`.
+        """
+        wanted = frozenset(states) if states else FINAL_STATES
+        last: JobInfo | None = None
+        for info in self.watch(job_id, timeout=timeout):
+            last = info
+            if info.state in wanted:
+                return info
+            if info.state in FINAL_STATES:
+                raise FailedPrecondition(
+                    f"job {job_id} ended {info.state.value}, waited for {_names(wanted)}"
+                )
+        raise GoschedError(f"watch of {job_id} ended early (last state {last.state.value if last else '?'})")
+
+    # -- cluster -----------------------------------------------------------------------------------
+    def nodes(self, state: NodeState | None = None) -> builtins.list[NodeInfo]:
+        request = cluster_pb2.ListNodesRequest(
+            state=convert.node_state_to_proto(state) if state is not None else pb.NODE_STATE_UNSPECIFIED
+        )
+        reply = self._call(self._cluster.ListNodes, request)
+        return [convert.node_info_from_proto(n) for n in reply.nodes]
+
+    def node(self, name: str) -> NodeInfo:
+        reply = self._call(self._cluster.GetNode, cluster_pb2.GetNodeRequest(name=name))
+        return convert.node_info_from_proto(reply)
+
+    def cordon(self, name: str, *, uncordon: bool = False) -> NodeInfo:
+        request = cluster_pb2.CordonNodeRequest(name=name, uncordon=uncordon)
+        return convert.node_info_from_proto(self._call(self._cluster.CordonNode, request))
+
+    def drain(self, name: str) -> NodeInfo:
+        reply = self._call(self._cluster.DrainNode, cluster_pb2.DrainNodeRequest(name=name))
+        return convert.node_info_from_proto(reply)
+
+    def queues(self) -> builtins.list[QueueInfo]:
+        reply = self._call(self._cluster.ListQueues, cluster_pb2.ListQueuesRequest())
+        return [QueueInfo(q.name, q.policy, q.guarantee, q.max_share, q.share) for q in reply.queues]
+
+    def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The scheduler's status: ready, node and resource totals, job counts, round counters."""
+        reply = self._call(self._cluster.GetStatus, cluster_pb2.GetStatusRequest(), timeout)
+        return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
+
+
+def _names(states: Collection[JobState]) -> str:
+    return ", ".join(sorted(s.value for s in states))

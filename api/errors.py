@@ -1,0 +1,80 @@
+"""Errors the Client raises: one class per gRPC status it expects, each carrying code and message."""
+
+from typing import Any
+
+import grpc
+
+
+class GoschedError(Exception):
+    """A call to the scheduler failed. `code` is the grpc.StatusCode, `message` the server's text."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class InvalidArgument(GoschedError):
+    """The request (usually the job spec) is invalid; `field` names the offending field when known."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, field: str = "") -> None:
+        super().__init__(message, code)
+        self.field = field or message.partition(": ")[0]
+
+
+class NotFound(GoschedError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(GoschedError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class ResourceExhausted(GoschedError):
+    """Admission control refused the job (too many pending, tenant rate limit)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(GoschedError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(GoschedError):
+    """The scheduler is not reachable or not ready yet."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(GoschedError, TimeoutError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+_BY_CODE: dict[Any, type[GoschedError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        ResourceExhausted,
+        FailedPrecondition,
+        Unavailable,
+        DeadlineExceeded,
+    )
+}
+
+
+def from_rpc_error(exc: grpc.RpcError) -> GoschedError:
+    """The GoschedError matching a grpc.RpcError (GoschedError itself for other codes)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    cls = _BY_CODE.get(code, GoschedError)
+    return cls(details or "", code)

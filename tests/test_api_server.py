@@ -1,0 +1,335 @@
+"""The API end to end: real gRPC on loopback, real SQLite, the real Pipeline over simulated nodes."""
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from gosched import Client
+from gosched.api import convert, errors
+from gosched.api.server import ServerHandle, serve
+from gosched.common.config import AdmissionConfig, QueueConfig, Settings
+from gosched.common.node import NodeState
+from gosched.common.spec import job_from_spec
+from gosched.common.states import JobState, TaskState
+from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from gosched.runtime.simulation import sim_nodes
+
+GPU_NODES = {"sim-00000", "sim-00004"}  # sim_nodes(8): every 4th node has 8 A100s
+
+
+def _settings(path: Path, **overrides: object) -> Settings:
+    return Settings(
+        store_path=str(path),
+        shards=2,
+        queues=[QueueConfig(name="default"), QueueConfig(name="batch")],
+        retry_backoff_s=0.01,
+        retry_backoff_max_s=0.05,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+def gang(replicas: int = 4, gpus: int = 2, **extra: object) -> dict[str, object]:
+    return {
+        "min_member": replicas,
+        "groups": [
+            {
+                "role": "worker",
+                "replicas": replicas,
+                "command": "python train.py",
+                "resources": {"cpu": 4, "memory": "16Gi", "gpus": gpus},
+            }
+        ],
+        **extra,
+    }
+
+
+def too_big(**extra: object) -> dict[str, object]:
+    """Sixteen GPUs in one task: no node has more than eight."""
+    return {"command": ["sleep", "1"], "gpus": 16, "cpu": 1, **extra}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    path = tmp_path_factory.mktemp("api") / "gosched.db"
+    handle = serve(
+        _settings(path),
+        sim_nodes(8),
+        grpc_port=0,
+        http_port=0,
+        host="127.0.0.1",
+        http_host="127.0.0.1",
+        wait_ready=True,
+    )
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> Iterator[Client]:
+    with Client(server.target, timeout=10) as c:
+        yield c
+
+
+def _http(server: ServerHandle, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+def test_gang_job_is_bound(client: Client) -> None:
+    job_id = client.submit(gang(), submission_id="gang-1")
+    info = client.wait(job_id, states={JobState.RUNNING}, timeout=10)
+    assert info.state is JobState.RUNNING
+    assert [t.state for t in info.tasks] == [TaskState.BOUND] * 4
+    for task in info.tasks:
+        assert task.node in GPU_NODES
+        assert len(task.gpus) == 2 and all(milli == 1000 for _, milli in task.gpus)
+    assert info.job.min_member == 4 and info.job.groups[0].role == "worker"
+    node = client.node(info.tasks[0].node)
+    assert info.tasks[0].id in node.task_ids
+    assert sum(node.gpu_used_milli) >= 2000
+
+
+def test_submission_id_is_idempotent(client: Client, server: ServerHandle) -> None:
+    first = client.submit(too_big(), submission_id="once")
+    again = client.submit(too_big(), submission_id="once")  # a new random id, the same submission
+    assert again == first
+    with grpc.insecure_channel(server.target) as channel:
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        spec = convert.job_to_proto_spec(job_from_spec(too_big()), submit_time=False)
+        reply = stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec, submission_id="once"), timeout=5)
+    assert (reply.job_id, reply.created) == (first, False)
+    client.cancel(first)
+
+
+def test_bad_spec_is_invalid_argument_naming_the_field(client: Client, server: ServerHandle) -> None:
+    bad = gang()
+    bad["groups"][0]["resources"]["memory"] = "lots"  # type: ignore[index]
+    with pytest.raises(errors.InvalidArgument) as local:  # checked by the client before sending
+        client.submit(bad)
+    assert local.value.field == "groups[0].resources.memory"
+    with grpc.insecure_channel(server.target) as channel:  # and by the server
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        spec = jobs_pb2.SubmitJobRequest().spec
+        group = spec.groups.add(role="main", command=["true"])
+        group.resources.memory = "lots"
+        with pytest.raises(grpc.RpcError) as remote:
+            stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec), timeout=5)
+        assert remote.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert remote.value.details().startswith("groups[0].resources.memory:")
+        spec.queue = "nope"
+        group.resources.memory = "1Gi"
+        with pytest.raises(grpc.RpcError) as queue:
+            stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec), timeout=5)
+        assert queue.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert queue.value.details().startswith("queue: unknown queue 'nope'")
+
+
+def test_unknown_job_is_not_found(client: Client) -> None:
+    for call in (client.get, client.explain, client.cancel):
+        with pytest.raises(errors.NotFound) as err:
+            call("no-such-job")
+        assert err.value.code is grpc.StatusCode.NOT_FOUND and "no-such-job" in err.value.message
+    with pytest.raises(errors.NotFound):
+        list(client.watch("no-such-job", timeout=5))
+
+
+def test_list_filters_and_pages(client: Client) -> None:
+    ids = {
+        tenant: [client.submit(too_big(queue="batch", tenant=tenant)) for _ in range(3)]
+        for tenant in ("t1", "t2")
+    }
+    mine = client.list(queue="batch", tenant="t1")
+    assert [j.id for j in mine] == ids["t1"]
+    assert all(j.job.queue == "batch" and j.tasks == () for j in mine)
+    assert {j.id for j in client.list(queue="batch")} == set(ids["t1"] + ids["t2"])
+    assert {j.id for j in client.list(queue="batch", state=JobState.PENDING)} == set(ids["t1"] + ids["t2"])
+    page, token = client.list_page(queue="batch", page_size=2)
+    assert [j.id for j in page] == ids["t1"][:2] and token
+    rest: list[str] = []
+    while token:
+        more, token = client.list_page(queue="batch", page_size=2, page_token=token)
+        rest.extend(j.id for j in more)
+    assert rest == ids["t1"][2:] + ids["t2"]
+    assert len(client.list(queue="batch", page_size=1, limit=4)) == 4
+    with pytest.raises(errors.InvalidArgument):
+        client.list_page(page_token="garbage")
+    for job_id in ids["t1"] + ids["t2"]:
+        client.cancel(job_id)
+    assert client.list(queue="batch", state=JobState.PENDING) == []
+    assert len(client.list(queue="batch", state=JobState.CANCELLED)) == 6
+
+
+def test_cancel(client: Client) -> None:
+    job_id = client.submit(too_big())
+    info = client.cancel(job_id)
+    assert info.state is JobState.CANCELLED
+    assert {t.state for t in info.tasks} == {TaskState.CANCELLED}
+    with pytest.raises(errors.FailedPrecondition):
+        client.cancel(job_id)
+    bound = client.submit(gang(replicas=1, gpus=1))
+    client.wait(bound, states={JobState.RUNNING}, timeout=10)
+    assert client.cancel(bound).state is JobState.CANCELLED
+    assert client.get(bound).tasks[0].node == ""  # its GPU was given back
+
+
+def test_watch_yields_state_changes(client: Client) -> None:
+    job_id = client.submit(too_big())
+    stream = client.watch(job_id, timeout=10)
+    first = next(stream)
+    assert first.state is JobState.PENDING
+    client.cancel(job_id)
+    rest = list(stream)  # ends after the final state
+    assert rest and rest[-1].state is JobState.CANCELLED
+    with pytest.raises(errors.FailedPrecondition):
+        client.wait(job_id, states={JobState.RUNNING}, timeout=5)
+    assert client.wait(job_id, timeout=5).state is JobState.CANCELLED
+
+
+def test_concurrent_submissions(client: Client) -> None:
+    def submit_some(k: int) -> list[str]:
+        spec = {"command": "true", "cpu": "100m", "memory": "64Mi", "tenant": "load"}
+        return [client.submit(spec, submission_id=f"load-{k}-{i}") for i in range(25)]
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = [job_id for batch in pool.map(submit_some, range(8)) for job_id in batch]
+    assert len(set(ids)) == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        running = client.list(tenant="load", state=JobState.RUNNING, page_size=1000)
+        if len(running) == 200:
+            break
+        time.sleep(0.02)
+    assert {j.id for j in running} == set(ids)
+
+
+def test_wait_times_out(client: Client) -> None:
+    job_id = client.submit(too_big())
+    with pytest.raises(errors.DeadlineExceeded):
+        client.wait(job_id, timeout=0.3)
+    client.cancel(job_id)
+
+
+def test_explain_says_why_pending(client: Client) -> None:
+    job_id = client.submit(too_big())
+    deadline = time.monotonic() + 10
+    text = client.explain(job_id)
+    while "unschedulable" not in text and time.monotonic() < deadline:
+        time.sleep(0.02)
+        text = client.explain(job_id)
+    assert "pending" in text and "unschedulable" in text and "nodes fit" in text, text
+    client.cancel(job_id)
+
+
+# -- cluster ---------------------------------------------------------------------------------------
+def test_nodes_get_and_cordon(client: Client) -> None:
+    nodes = client.nodes()
+    assert [n.name for n in nodes] == [f"sim-{i:05d}" for i in range(8)]
+    gpu = client.node("sim-00000")
+    assert len(gpu.node.gpus) == 8 and gpu.node.gpus[0].model == "A100"
+    assert client.cordon("sim-00001").state is NodeState.CORDONED
+    assert [n.name for n in client.nodes(NodeState.CORDONED)] == ["sim-00001"]
+    assert client.status()["schedulable_nodes"] == 7
+    assert client.cordon("sim-00001", uncordon=True).state is NodeState.READY
+    assert client.drain("sim-00002").state is NodeState.DRAINING
+    assert client.cordon("sim-00002", uncordon=True).state is NodeState.READY
+    with pytest.raises(errors.NotFound):
+        client.node("nope")
+    with pytest.raises(errors.NotFound):
+        client.cordon("nope")
+
+
+def test_queues_and_status(client: Client) -> None:
+    queues = client.queues()
+    assert [q.name for q in queues] == ["default", "batch"]
+    assert all(q.policy == "fifo" and 0.0 <= q.share <= 1.0 for q in queues)
+    status = client.status()
+    assert status["ready"] and status["nodes"] == 8 and status["shards"] == 2
+    assert status["gpu_milli"] == 16_000
+
+
+def test_health_and_reflection(server: ServerHandle) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "gosched.v1.JobService", "gosched.v1.ClusterService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        answer = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=5)))
+        names = {s.name for s in answer.list_services_response.service}
+        assert {"gosched.v1.JobService", "gosched.v1.ClusterService", "grpc.health.v1.Health"} <= names
+        agent = agent_pb2_grpc.AgentServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            agent.Register(agent_pb2.RegisterRequest(), timeout=5)
+        assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_http_endpoints(server: ServerHandle, client: Client) -> None:
+    client.wait(client.submit(gang(replicas=1, gpus=1)), states={JobState.RUNNING}, timeout=10)
+    assert _http(server, "/healthz")[0] == 200
+    assert _http(server, "/readyz") == (200, "ready\n")
+    assert _http(server, "/nope")[0] == 404
+    code, text = _http(server, "/metrics")
+    assert code == 200
+    for name in (
+        "gosched_ready 1.0",
+        "gosched_pending_tasks ",
+        "gosched_bound_tasks_total ",
+        "gosched_binder_conflicts_total ",
+        "gosched_scheduling_rounds_total ",
+        'gosched_bind_latency_seconds_bucket{le="+Inf"} ',
+        'gosched_queue_share{queue="default"} ',
+    ):
+        assert name in text, name
+    bound = next(line for line in text.splitlines() if line.startswith("gosched_bound_tasks_total "))
+    assert float(bound.split()[1]) >= 1
+
+
+# -- life cycle: its own server --------------------------------------------------------------------
+def test_unavailable_admission_and_restart(tmp_path: Path) -> None:
+    path = tmp_path / "gosched.db"
+    settings = _settings(path, admission=AdmissionConfig(max_pending_jobs=1))
+    handle = serve(settings, sim_nodes(4), grpc_port=0, http_port=0, host="127.0.0.1", http_host="127.0.0.1")
+    try:
+        with Client(handle.target, timeout=5) as client:
+            client.wait_ready(timeout=10)
+            first = client.submit(too_big(id="held"))
+            with pytest.raises(errors.ResourceExhausted):
+                client.submit(too_big(id="refused"))
+            with pytest.raises(errors.AlreadyExists):
+                client.submit(too_big(id="held"))
+            handle.service.stop()  # the scheduler is gone, the gRPC server still answers
+            with pytest.raises(errors.Unavailable):
+                client.get(first)
+            assert not client.status()["ready"]
+            assert _http(handle, "/readyz")[0] == 503
+            assert "gosched_ready 0.0" in _http(handle, "/metrics")[1]
+            health = health_pb2_grpc.HealthStub(client.channel)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break
+                time.sleep(0.01)
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        handle.stop()
+    again = serve(_settings(path), (), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+    try:
+        with Client(again.target, timeout=5) as client:
+            assert [j.id for j in client.list()] == ["held"]
+            assert len(client.nodes()) == 4  # from the store
+    finally:
+        again.stop()
