@@ -7,8 +7,8 @@
 
 Error mapping: SpecError -> INVALID_ARGUMENT (the message starts with the field path); an unknown
 job or node -> NOT_FOUND; AdmissionRejected -> RESOURCE_EXHAUSTED; cancelling a finished job ->
-FAILED_PRECONDITION; any call before the scheduler is ready -> UNAVAILABLE. AgentService is
-declared in the proto but not served yet (UNIMPLEMENTED).
+FAILED_PRECONDITION; any call before the scheduler is ready -> UNAVAILABLE. The AgentService
+(gosched.api.agents) is served on the same port: node agents register there and hold their stream.
 """
 
 import contextlib
@@ -31,6 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gosched.api import convert
+from gosched.api.agents import AgentGateway
+from gosched.api.logs import STREAMS, LogStore
 from gosched.api.service import (
     FailedPrecondition,
     JobView,
@@ -42,9 +44,12 @@ from gosched.api.service import (
 from gosched.common.config import Settings
 from gosched.common.errors import AdmissionRejected, SpecError
 from gosched.common.node import Node, NodeState
-from gosched.proto.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from gosched.common.states import TaskState
+from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
-from gosched.runtime.pipeline import Pipeline
+from gosched.runtime.control import ControlPlane
+from gosched.runtime.local_control import LocalControl
+from gosched.runtime.sim_tasks import SimulatedTasks
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +58,11 @@ DEFAULT_HTTP_PORT = 8080
 SERVICE_NAMES = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
+    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
 )
 
 R = TypeVar("R")
+TASK_ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.PENDING})
 
 
 # == error mapping =================================================================================
@@ -145,8 +152,9 @@ def node_message(view: NodeView) -> pb.NodeInfo:
 
 # == servicers =====================================================================================
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, service: SchedulerService) -> None:
+    def __init__(self, service: SchedulerService, logs: LogStore) -> None:
         self.service = service
+        self.logs = logs
 
     @_mapped
     def SubmitJob(self, request: jobs_pb2.SubmitJobRequest, context: Any) -> jobs_pb2.SubmitJobResponse:
@@ -193,6 +201,37 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.ExplainJobResponse(
             job_id=request.job_id, state=convert.job_state_to_proto(state), explanation=text
         )
+
+
+    @_streamed
+    def StreamLogs(self, request: jobs_pb2.LogsRequest, context: Any) -> Iterator[pb.LogChunk]:
+        stream = request.stream or "stdout"
+        if stream not in STREAMS:
+            raise SpecError("stream", f"must be one of {', '.join(STREAMS)}, got {stream!r}")
+        if request.offset < 0:
+            raise SpecError("offset", f"must be >= 0, got {request.offset}")
+        view = self.service.get(request.job_id)
+        if not 0 <= request.task_index < len(view.tasks):
+            raise SpecError("task_index", f"job {request.job_id!r} has tasks 0..{len(view.tasks) - 1}")
+        tid = view.tasks[request.task_index].id
+        offset = request.offset
+        while context.is_active():
+            seen = self.logs.generation
+            data = self.logs.read(tid, stream, offset)
+            if data:
+                yield pb.LogChunk(task_id=tid, stream=stream, offset=offset, data=data)
+                offset += len(data)
+                continue
+            if not request.follow:
+                return
+            # The agent ships a task's last output before its end, so once the task has ended
+            # and nothing is left to read, the stream is complete.
+            task = self.service.get(request.job_id).tasks[request.task_index]
+            if task.state in TASK_ENDED:
+                if not self.logs.read(tid, stream, offset, 1):
+                    return
+                continue
+            self.logs.wait(seen, timeout=0.5)
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
@@ -258,8 +297,8 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
 class SchedulerMetrics:
     """Prometheus metrics of one service, in their own registry (several servers per process work).
 
-    Counters and gauges are read from the pipeline at scrape time; the latency histogram is fed
-    after each round from `pipeline.stats.latencies`, which it then empties (it would grow forever).
+    Counters and gauges are read from the control plane at scrape time; the latency histogram is
+    fed after each round with the latencies of the tasks bound since the round before.
     """
 
     def __init__(self, service: SchedulerService) -> None:
@@ -273,11 +312,9 @@ class SchedulerMetrics:
         )
         self.registry.register(self)
 
-    def observe_round(self, pipeline: Pipeline) -> None:
-        latencies = pipeline.stats.latencies
-        for seconds in latencies:
+    def observe_round(self, control: ControlPlane) -> None:
+        for seconds in control.drain_latencies():
             self.latency.observe(seconds)
-        latencies.clear()
 
     def collect(self) -> Iterator[Metric]:
         s = self.service
@@ -411,6 +448,25 @@ def _track_health(handle: ServerHandle, announced: threading.Event) -> None:
             handle.health.set(name, codes.NOT_SERVING)
 
 
+def control_factory(
+    settings: Settings,
+    nodes: Sequence[Node] = (),
+    *,
+    runtime: str = "local",
+    store_path: str | Path | None = None,
+    ray_address: str | None = None,
+) -> Callable[[], ControlPlane]:
+    """How the service builds its control plane: "local" (one process) or "ray" (actors)."""
+    if runtime == "local":
+        return lambda: LocalControl(settings, nodes, store_path)
+    if runtime == "ray":
+        from gosched.runtime.ray_control import RayControl  # imports ray: only when asked for
+
+        ray_settings = settings.model_copy(update={"store_path": str(store_path or settings.store_path)})
+        return lambda: RayControl(ray_settings, nodes, address=ray_address)
+    raise ValueError(f"runtime must be 'local' or 'ray', got {runtime!r}")
+
+
 def serve(
     settings: Settings,
     nodes: Sequence[Node] = (),
@@ -420,22 +476,40 @@ def serve(
     host: str = "[::]",
     http_host: str = "0.0.0.0",
     store_path: str | Path | None = None,
-    max_workers: int = 32,
+    max_workers: int = 64,
     wait_ready: bool = False,
+    runtime: str = "local",
+    ray_address: str | None = None,
+    log_dir: str | Path | None = None,
+    sim_task_seconds: float | None = None,
+    heartbeat_interval_s: float = 1.0,
+    node_timeout_s: float = 10.0,
 ) -> ServerHandle:
     """Start the scheduler and its API; returns at once (or once ready, with wait_ready).
 
     Port 0 picks a free port (see the handle's ports); http_port None serves no HTTP endpoint.
     The health service says NOT_SERVING until the scheduler has restored its state, SERVING after.
+    `runtime` "ray" runs the dispatcher, the binder and the shards as Ray actors (starting Ray, or
+    joining `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
+    the store). With `sim_task_seconds`, tasks on nodes without an agent run that long and succeed.
     """
-    service = SchedulerService(settings, nodes, store_path=store_path)
+    make = control_factory(settings, nodes, runtime=runtime, store_path=store_path, ray_address=ray_address)
+    service = SchedulerService(make, queues=settings.queues)
+    db = Path(store_path or settings.store_path)
+    logs = LogStore(log_dir if log_dir is not None else db.parent / f"{db.name}.logs")
+    gateway = AgentGateway(
+        service, logs, heartbeat_interval_s=heartbeat_interval_s, node_timeout_s=node_timeout_s
+    )
+    if sim_task_seconds is not None:
+        service.tick_hooks.append(SimulatedTasks(sim_task_seconds).tick)
     metrics = SchedulerMetrics(service)
     service.on_round = metrics.observe_round
 
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gosched-grpc")
     )
-    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service), server)
+    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service, logs), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
     cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     for name in ("", *SERVICE_NAMES):

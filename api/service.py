@@ -1,9 +1,10 @@
-"""SchedulerService: one Pipeline, one scheduling thread, and the thread-safe calls the API serves.
+"""SchedulerService: one ControlPlane, one scheduling thread, and the thread-safe calls the API serves.
 
-The Pipeline is not thread-safe, so every call into it holds `lock`: the scheduling thread holds it
-for one `step()` at a time, the gRPC handlers for one short query or command. After every step that
-dispatched something and after every command, `version` is bumped and the condition notified; a
-watcher waits on it and then diffs the job's state against what it sent last (cheap: one job).
+The control plane (the in-process Pipeline, or the components as Ray actors) is driven from one
+thread at a time: every call into it holds `lock`; the scheduling thread holds it for one `step()`
+and the tick hooks (the agent gateway, the task simulator), the gRPC handlers for one short query or
+command. After every step that made progress and after every command, `version` is bumped and the
+condition notified; a watcher waits on it and then diffs the job's state against what it sent last.
 
 Errors are raised as the small exceptions below (and SpecError / AdmissionRejected from common);
 `gosched.api.server` maps them to gRPC status codes.
@@ -15,15 +16,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import cast
+from typing import TypeAlias
 
-from gosched.common.config import Settings
+from gosched.common.config import QueueConfig
 from gosched.common.errors import SpecError
 from gosched.common.job import Job, task_id
-from gosched.common.node import Node, NodeState
+from gosched.common.node import NodeState
+from gosched.common.snapshots import JobSnapshot, NodeSnapshot
 from gosched.common.states import TERMINAL, JobState, TaskState
-from gosched.runtime.pipeline import Pipeline
+from gosched.runtime.control import ControlPlane
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,7 @@ class JobView:
         return self.state in JOB_FINAL
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    node: Node
-    cpu_used_milli: int
-    memory_used: int
-    gpu_used_milli: tuple[int, ...]
-    task_ids: tuple[str, ...]
+NodeView: TypeAlias = NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,36 +112,40 @@ class JobPage:
     next_token: str
 
 
+
+# Called under the lock from the scheduling thread between steps; True if it changed anything.
+TickHook = Callable[[ControlPlane], bool]
+
+
 class SchedulerService:
-    """Owns a Pipeline (built in the scheduling thread, so a slow restore does not block start-up)
-    and runs `pipeline.step()` in a loop, sleeping `idle_sleep_s` when nothing was dispatched."""
+    """Owns a ControlPlane (built in the scheduling thread by `make_control`, so a slow restore or
+    Ray start does not block start-up) and runs `control.step()` in a loop, then the tick hooks,
+    sleeping `idle_sleep_s` when nothing moved."""
 
     def __init__(
         self,
-        settings: Settings,
-        nodes: Sequence[Node] = (),
+        make_control: Callable[[], ControlPlane],
         *,
-        store_path: str | Path | None = None,
+        queues: Sequence[QueueConfig],
         idle_sleep_s: float = 0.005,
-        on_round: Callable[[Pipeline], None] | None = None,
+        on_round: Callable[[ControlPlane], None] | None = None,
     ) -> None:
-        self.settings = settings
-        self._nodes = list(nodes)
-        self._store_path = store_path
+        self._make_control = make_control
+        self.queue_configs = list(queues)
         self.idle_sleep_s = idle_sleep_s
-        self.on_round = on_round  # called under the lock after each round that dispatched work
+        self.on_round = on_round  # called under the lock after each round that made progress
+        self.tick_hooks: list[TickHook] = []
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pipeline: Pipeline | None = None
+        self._control: ControlPlane | None = None
         self.version = 0  # bumped on every change a watcher may care about
         self.error: BaseException | None = None
         self._order: list[str] = []  # job ids, in submission order
         self._known: set[str] = set()
-        self._unfinished: set[str] = set()  # pruned lazily by pending_tasks()
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,34 +184,35 @@ class SchedulerService:
         if self._thread is not None:
             self._thread.join(timeout)
         with self.lock:
-            if self._pipeline is not None:
-                self._pipeline.close()
-                self._pipeline = None
+            if self._control is not None:
+                self._control.close()
+                self._control = None
 
     @property
-    def pipeline(self) -> Pipeline:
-        """The pipeline; hold `lock` while using it. Unavailable before the service is ready."""
-        if self._pipeline is None or not self.ready:
+    def control(self) -> ControlPlane:
+        """The control plane; hold `lock` while using it. Unavailable before the service is ready."""
+        if self._control is None or not self.ready:
             raise Unavailable("the scheduler is not ready")
-        return self._pipeline
+        return self._control
 
     def _run(self) -> None:
         try:
-            pipeline = Pipeline(self.settings, store_path=self._store_path, nodes=self._nodes)
+            control = self._make_control()
             with self.lock:
-                self._pipeline = pipeline
-                for job, _ in pipeline.store.load_jobs():  # restored jobs stay listable
-                    if job.id in pipeline.dispatcher:
-                        self._remember(job.id)
+                self._control = control
+                for job_id in control.job_ids():  # restored jobs stay listable
+                    self._remember(job_id)
             self._ready.set()
             while not self._stop.is_set():
                 with self._changed:
                     if self._stop.is_set():
                         break
-                    progressed = pipeline.step()
+                    progressed = control.step()
+                    if progressed and self.on_round is not None:
+                        self.on_round(control)
+                    for hook in self.tick_hooks:
+                        progressed = hook(control) or progressed
                     if progressed:
-                        if self.on_round is not None:
-                            self.on_round(pipeline)
                         self.version += 1
                         self._changed.notify_all()
                 if progressed:
@@ -226,8 +226,8 @@ class SchedulerService:
             self._ready.set()  # release wait_ready(), which re-raises
             self._stop.set()
 
-    def _touch(self) -> None:
-        """A command changed something: wake the scheduler and the watchers (lock held)."""
+    def touch(self) -> None:
+        """Something changed outside a step: wake the scheduler and the watchers (lock held)."""
         self.version += 1
         self._changed.notify_all()
         self._wake.set()
@@ -236,46 +236,29 @@ class SchedulerService:
         if job_id not in self._known:
             self._known.add(job_id)
             self._order.append(job_id)
-            self._unfinished.add(job_id)
 
     # -- jobs --------------------------------------------------------------------------------------
     def submit(self, job: Job) -> tuple[str, bool]:
         """(job id, created). created=False: a job with the same submission_id already existed."""
         with self._changed:
-            p = self.pipeline
-            job_id = p.submit(job)
+            job_id = self.control.submit_many([job])[0]
             created = job_id not in self._known
             self._remember(job_id)
-            self._touch()
+            self.touch()
             return job_id, created
 
     def known_queues(self) -> list[str]:
-        return [q.name for q in self.settings.queues]
+        return [q.name for q in self.queue_configs]
 
-    def _view(self, p: Pipeline, job_id: str, tasks: bool) -> JobView:
-        d = p.dispatcher
-        if job_id not in d:
+    def _snapshot(self, job_id: str, tasks: bool) -> JobSnapshot:
+        snap = self.control.jobs([job_id], placements=tasks)[0]
+        if snap is None:
             raise NotFound(f"job {job_id!r} not found")
-        job = d.job(job_id)
-        states = d.task_states(job_id)
-        counts: dict[str, int] = {}
-        for s in states:
-            counts[s.value] = counts.get(s.value, 0) + 1
-        views: list[TaskView] = []
-        if tasks:
-            for i, s in enumerate(states):
-                tid = task_id(job_id, i)
-                node, gpus = "", cast(tuple[tuple[int, int], ...], ())
-                if s in (TaskState.BOUND, TaskState.RUNNING):
-                    placed = p.binder.resident(tid)
-                    if placed is not None:
-                        node, gpus = placed[0], placed[1].gpus
-                views.append(TaskView(tid, i, job.group_of(i).role, s, node, gpus))
-        return JobView(job, d.job_state(job_id), tuple(views), counts)
+        return snap
 
     def get(self, job_id: str, *, tasks: bool = True) -> JobView:
         with self.lock:
-            return self._view(self.pipeline, job_id, tasks)
+            return _job_view(self._snapshot(job_id, tasks), tasks)
 
     def list_jobs(
         self,
@@ -295,42 +278,39 @@ class SchedulerService:
             raise SpecError("page_token", f"{page_token!r} is not a token from a previous page")
         page_size = max(1, min(page_size or 100, 1000))
         out: list[JobView] = []
+        pos = start
         with self.lock:
-            p = self.pipeline
-            d = p.dispatcher
-            pos = start
+            control = self.control
             while pos < len(self._order) and len(out) < page_size:
-                jid = self._order[pos]
-                pos += 1
-                if jid not in d:
-                    continue
-                job = d.job(jid)
-                if (queue and job.queue != queue) or (tenant and job.tenant != tenant):
-                    continue
-                if state is not None and d.job_state(jid) != state:
-                    continue
-                out.append(self._view(p, jid, tasks=False))
+                chunk = self._order[pos : pos + page_size]  # one control-plane call per chunk
+                for snap in control.jobs(chunk, placements=False):
+                    pos += 1
+                    if snap is None:
+                        continue
+                    job = snap.job
+                    if (queue and job.queue != queue) or (tenant and job.tenant != tenant):
+                        continue
+                    if state is not None and snap.state != state:
+                        continue
+                    out.append(_job_view(snap, False))
+                    if len(out) == page_size:
+                        break
             more = pos < len(self._order)
         return JobPage(out, str(pos) if more else "")
 
     def cancel(self, job_id: str) -> JobView:
         with self._changed:
-            p = self.pipeline
-            if job_id not in p.dispatcher:
-                raise NotFound(f"job {job_id!r} not found")
-            state = p.dispatcher.job_state(job_id)
-            if state in JOB_FINAL:
-                raise FailedPrecondition(f"job {job_id!r} has already finished ({state.value})")
-            p.cancel(job_id)
-            self._touch()
-            return self._view(p, job_id, tasks=True)
+            snap = self._snapshot(job_id, False)
+            if snap.state in JOB_FINAL:
+                raise FailedPrecondition(f"job {job_id!r} has already finished ({snap.state.value})")
+            self.control.cancel(job_id)
+            self.touch()
+            return _job_view(self._snapshot(job_id, True), True)
 
     def explain(self, job_id: str) -> tuple[JobState, str]:
         with self.lock:
-            d = self.pipeline.dispatcher
-            if job_id not in d:
-                raise NotFound(f"job {job_id!r} not found")
-            return d.job_state(job_id), d.explain(job_id)
+            snap = self._snapshot(job_id, False)
+            return snap.state, self.control.explain(job_id)
 
     def watch(self, job_id: str, is_active: Callable[[], bool] = lambda: True) -> Iterator[JobView]:
         """The job now, then each change of its state or of its tasks; ends after a final state,
@@ -338,7 +318,7 @@ class SchedulerService:
         last: JobView | None = None
         while True:
             with self._changed:
-                view = self._view(self.pipeline, job_id, tasks=True)
+                view = _job_view(self._snapshot(job_id, True), True)
                 seen = self.version
             if view != last:
                 yield view
@@ -354,86 +334,57 @@ class SchedulerService:
         return self.version != seen or self._stop.is_set()
 
     # -- nodes -------------------------------------------------------------------------------------
-    def _node_view(self, p: Pipeline, name: str) -> NodeView:
-        arrays = p.binder.state
-        row = arrays.row_of.get(name)
-        node = arrays.nodes[row] if row is not None else None
-        if row is None or node is None:
-            raise NotFound(f"node {name!r} not found")
-        gpus = tuple(1000 - int(arrays.gpu_free[row, g.index]) for g in node.gpus)
-        return NodeView(
-            node=node,
-            cpu_used_milli=int(arrays.cpu_used[row]),
-            memory_used=int(arrays.mem_used[row]),
-            gpu_used_milli=gpus,
-            task_ids=tuple(sorted(arrays.residents[row])),
-        )
-
     def nodes(self, state: NodeState | None = None) -> list[NodeView]:
         with self.lock:
-            p = self.pipeline
-            names = [n.name for n in p.binder.snapshot_nodes() if state is None or n.state == state]
-            return [self._node_view(p, name) for name in names]
+            return [n for n in self.control.nodes() if state is None or n.node.state == state]
 
     def node(self, name: str) -> NodeView:
         with self.lock:
-            return self._node_view(self.pipeline, name)
+            got = self.control.nodes([name])
+        if not got:
+            raise NotFound(f"node {name!r} not found")
+        return got[0]
 
     def set_node_state(self, name: str, state: NodeState) -> NodeView:
         with self._changed:
-            p = self.pipeline
-            if name not in p.binder.state.row_of:
-                raise NotFound(f"node {name!r} not found")
-            p.set_node_state(name, state)
-            self._touch()
-            return self._node_view(p, name)
+            try:
+                self.control.set_node_state(name, state)
+            except KeyError:
+                raise NotFound(f"node {name!r} not found") from None
+            self.touch()
+            return self.node(name)
 
     # -- queues and status -------------------------------------------------------------------------
     def queues(self) -> list[QueueView]:
         with self.lock:
-            shares = self.pipeline.dispatcher.queue_shares()
+            shares = self.control.queue_shares()
         return [
             QueueView(q.name, q.policy.value, q.guarantee, q.max_share, shares.get(q.name, 0.0))
-            for q in self.settings.queues
+            for q in self.queue_configs
         ]
 
     def status(self) -> StatusView:
         if not self.ready:
             return StatusView(ready=False)
         with self.lock:
-            p = self.pipeline
-            a = p.binder.state
-            rows = a.live_rows()
-            totals = a.totals()
-            d = p.dispatcher
-            return StatusView(
-                ready=True,
-                nodes=len(rows),
-                schedulable_nodes=int(sum(bool(a.schedulable[r]) for r in rows)),
-                cpu_milli=totals["cpu"],
-                cpu_used_milli=int(sum(int(a.cpu_used[r]) for r in rows)),
-                memory=totals["memory"],
-                memory_used=int(sum(int(a.mem_used[r]) for r in rows)),
-                gpu_milli=totals["gpu"],
-                gpu_used_milli=int(sum(int(a.gpu_used_total[r]) for r in rows)),
-                active_jobs=d.active_count(),
-                pending_jobs=d.pending_count(),
-                in_flight_units=d.in_flight_count(),
-                rounds=p.stats.rounds,
-                bound_tasks=p.stats.bound_tasks,
-                binder_conflicts=p.stats.rejected_units,
-                binder_version=p.binder.version,
-                shards=len(p.shards),
-            )
+            c = self.control.counters()
+        return StatusView(ready=True, **{f: getattr(c, f) for f in c.__dataclass_fields__})
 
     def pending_tasks(self) -> int:
         """Tasks waiting to be placed, over every job still known (for the metrics)."""
         with self.lock:
-            d = self.pipeline.dispatcher
-            total = 0
-            for jid in list(self._unfinished):
-                if jid not in d or d.job_state(jid) in JOB_FINAL:
-                    self._unfinished.discard(jid)
-                else:
-                    total += sum(1 for s in d.task_states(jid) if s is TaskState.PENDING)
-            return total
+            return self.control.pending_tasks()
+
+
+def _job_view(snap: JobSnapshot, tasks: bool) -> JobView:
+    job, states = snap.job, snap.task_states
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s.value] = counts.get(s.value, 0) + 1
+    views: tuple[TaskView, ...] = ()
+    if tasks:
+        views = tuple(
+            TaskView(task_id(job.id, i), i, job.group_of(i).role, s, *snap.placements.get(i, ("", ())))
+            for i, s in enumerate(states)
+        )
+    return JobView(job, snap.state, views, counts)

@@ -251,6 +251,25 @@ class Binder:
         self._publish(changes)
         return released
 
+    def lose(self, task_ids: Iterable[str]) -> list[str]:
+        """Tasks gone with their node or agent: released as "lost" (stored as pending, to be queued
+        again) and, where that leaves a gang below its min_member, the gang's other residents are
+        evicted too. Returns every task id released this way, for the caller to requeue."""
+        self._usable()
+        lost = [got[1] for got in map(self.truth.release, dict.fromkeys(task_ids)) if got is not None]
+        if not lost:
+            return []
+        changes: list[Change] = [TaskReleased(r.task_id, "lost") for r in lost]
+        writes = _Writes()
+        for r in lost:
+            writes.state(r.task_id, TaskState.PENDING)
+        broken = self._gang_break({r.job_id: r.min_member for r in lost}, "", changes, writes, BatchScope())
+        _, states = writes.split()
+        now = self.clock()
+        self._guarded(lambda: self.store.commit(self.version + len(changes), [], states, now=now))
+        self._publish(changes)
+        return [r.task_id for r in lost] + [e.task_id for e in broken]
+
     # -- the plan applier -----------------------------------------------------------------------------
     def commit(self, batch: ProposalBatch) -> BindReply:
         """Check, apply and persist a batch of proposals; reply with the outcome and the changes

@@ -10,6 +10,10 @@ class TaintEffect(enum.StrEnum):
     NO_EXECUTE = "NoExecute"
 
 
+# Set on the nodes that a real node agent registered (the others are simulated or static).
+AGENT_LABEL = "gosched.io/agent"
+
+
 class NodeState(enum.StrEnum):
     READY = "ready"
     NOT_READY = "not_ready"

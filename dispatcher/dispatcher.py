@@ -39,6 +39,7 @@ from gosched.common.config import Settings
 from gosched.common.errors import SpecError
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.messages import BindReply, Unit, UnitBatch, Unschedulable
+from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import NOT_ELIGIBLE, CapacityPlanner
@@ -693,6 +694,22 @@ class Dispatcher:
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._jobs or job_id in self._finished
+
+    def job_ids(self) -> list[str]:
+        """Every job known (active, and finished ones still retained), oldest submission first."""
+        ids = [*self._jobs, *(j for j in self._finished if j not in self._jobs)]
+        return sorted(ids, key=lambda j: self.job(j).submit_time)
+
+    def snapshots(self, job_ids: Sequence[str]) -> list[JobSnapshot | None]:
+        """Each job's spec, state and task states (None: unknown); placements are the binder's."""
+        return [
+            JobSnapshot(self.job(j), self.job_state(j), tuple(self.task_states(j))) if j in self else None
+            for j in job_ids
+        ]
+
+    def pending_task_count(self) -> int:
+        """Tasks waiting to be placed, over every active job."""
+        return sum(rec.n_pending for rec in self._jobs.values())
 
     def active_count(self) -> int:
         """Jobs with a task not yet ended (their full records are in memory)."""

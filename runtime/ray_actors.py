@@ -31,12 +31,14 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from gosched.binder import queries
 from gosched.binder.binder import Binder
 from gosched.common import codec
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
 from gosched.common.messages import BindReply, Change, ProposalBatch, UnitBatch
-from gosched.common.node import Node
+from gosched.common.node import Node, NodeState
+from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
@@ -44,6 +46,8 @@ from gosched.scheduler_shard.shard import SchedulerShard
 
 # Actor options: no CPU reservation (the actors must never wait for a CPU slot on a small machine).
 ACTOR_CPUS = 0
+# Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
+LATENCY_KEEP = 100_000
 
 
 class DispatcherCore:
@@ -58,6 +62,8 @@ class DispatcherCore:
         self.bound_tasks = 0
         self.rejected_units = 0
         self.stale_reports = 0
+        self.dispatched_at: dict[str, float] = {}  # job id -> dispatch time of its unit in flight
+        self.latencies: list[float] = []  # dispatch -> bind seconds per task, drained by the API
         self._build()
 
     def _build(self) -> None:
@@ -103,6 +109,8 @@ class DispatcherCore:
             return self.incarnation, None
         if not self.first_dispatch:
             self.first_dispatch = mine[0].units[0].dispatch_time
+        for unit in mine[0].units:
+            self.dispatched_at[unit.job.id] = unit.dispatch_time
         return self.incarnation, codec.encode(mine[0])
 
     def report(self, reply_data: bytes, unschedulable_data: bytes, binder_incarnation: str) -> None:
@@ -124,6 +132,11 @@ class DispatcherCore:
         for acc in reply.accepted:
             self.bound_tasks += len(acc.placements)
             self.last_bind = max(self.last_bind, acc.bind_time)
+            started = self.dispatched_at.pop(acc.job_id, 0.0)
+            if started and len(self.latencies) < LATENCY_KEEP:
+                self.latencies.extend([acc.bind_time - started] * len(acc.placements))
+        for rej in reply.rejected:
+            self.dispatched_at.pop(rej.job_id, None)
 
     def requeue_in_flight(self, shard_id: int, binder_incarnation: str) -> int:
         if binder_incarnation != self.binder_incarnation:
@@ -156,6 +169,36 @@ class DispatcherCore:
 
     def explain(self, job_id: str) -> str:
         return self.dispatcher.explain(job_id)
+
+    # -- for the API (runtime/ray_control.py) ----------------------------------------------------------
+    def snapshots(self, job_ids: Sequence[str]) -> list[JobSnapshot | None]:
+        return self.dispatcher.snapshots(job_ids)
+
+    def job_ids(self) -> list[str]:
+        return self.dispatcher.job_ids()
+
+    def cancel(self, job_id: str) -> list[str]:
+        """Cancel; returns the tasks that held resources (the caller frees them at the binder)."""
+        return self.dispatcher.cancel(job_id)
+
+    def on_started(self, task_ids: Sequence[str]) -> list[str]:
+        return self.dispatcher.on_started(task_ids)
+
+    def on_released(self, task_ids: Sequence[str], final_state: str) -> None:
+        self.dispatcher.on_released(task_ids, TaskState(final_state))
+
+    def notify_cluster_changed(self) -> None:
+        self.dispatcher.notify_cluster_changed()
+
+    def queue_shares(self) -> dict[str, float]:
+        return self.dispatcher.queue_shares()
+
+    def pending_task_count(self) -> int:
+        return self.dispatcher.pending_task_count()
+
+    def drain_latencies(self) -> list[float]:
+        out, self.latencies = self.latencies, []
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -220,6 +263,30 @@ class BinderCore:
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.binder.version, "commits": self.commits, "incarnation": self.incarnation}
+
+    # -- for the API (runtime/ray_control.py) ----------------------------------------------------------
+    def nodes(self, names: Sequence[str] | None) -> list[NodeSnapshot]:
+        return queries.node_snapshots(self.binder, names)
+
+    def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
+        return queries.residents_of(self.binder, names)
+
+    def placements(self, task_ids: Sequence[str]) -> dict[str, tuple[str, Gpus]]:
+        return queries.placements_of(self.binder, task_ids)
+
+    def usage(self) -> dict[str, int]:
+        return queries.cluster_usage(self.binder)
+
+    def set_node_state(self, name: str, state: str) -> int:
+        return self.binder.set_node_state(name, NodeState(state))
+
+    def lose(self, task_ids: Sequence[str]) -> list[str]:
+        return self.binder.lose(task_ids)
+
+    def node_lost(self, name: str) -> list[str]:
+        """Mark the node not ready and release its residents as lost (gangs broken whole)."""
+        self.binder.set_node_state(name, NodeState.NOT_READY)
+        return self.binder.lose(queries.residents_of(self.binder, [name])[name])
 
 
 class ShardCore:

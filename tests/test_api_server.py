@@ -262,18 +262,19 @@ def test_queues_and_status(client: Client) -> None:
 def test_health_and_reflection(server: ServerHandle) -> None:
     with grpc.insecure_channel(server.target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for name in ("", "gosched.v1.JobService", "gosched.v1.ClusterService"):
+        for name in ("", "gosched.v1.JobService", "gosched.v1.ClusterService", "gosched.v1.AgentService"):
             reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         answer = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=5)))
         names = {s.name for s in answer.list_services_response.service}
-        assert {"gosched.v1.JobService", "gosched.v1.ClusterService", "grpc.health.v1.Health"} <= names
+        assert {"gosched.v1.JobService", "gosched.v1.AgentService", "grpc.health.v1.Health"} <= names
         agent = agent_pb2_grpc.AgentServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises(grpc.RpcError) as err:  # an agent with a nameless machine is refused
             agent.Register(agent_pb2.RegisterRequest(), timeout=5)
-        assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "name" in (err.value.details() or "")
 
 
 def test_http_endpoints(server: ServerHandle, client: Client) -> None:

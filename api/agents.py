@@ -1,0 +1,311 @@
+"""The master's side of the node agents: the AgentService they connect to, and the loop that keeps
+each agent running exactly the tasks the binder has bound to its node.
+
+Level-triggered, as a kubelet is: on every tick, for each connected agent, the tasks resident on
+its node (the binder's truth) are compared with those already sent to it; the missing ones are
+launched and the ones no longer resident (cancelled, preempted, lost) are killed. A resent launch
+is harmless (the agent ignores a task it already runs), so a reconnect simply starts again from the
+tasks the agent says it runs.
+
+Agents report through the stream; their reports are queued and applied in batches by the tick,
+which runs in the scheduling thread under the service lock:
+* RUNNING -> the task is running; SUCCEEDED / FAILED -> it ended and frees its resources;
+* FAILED with a message starting "lost:" -> the agent no longer has it: it goes back to the queue.
+An agent silent for longer than `node_timeout_s` loses its node: the node becomes not ready and its
+tasks are queued again (a gang that drops below its min_member is evicted whole). When the agent
+comes back, it is told the tasks the master expects there (none of the requeued ones), and kills
+the rest, so nothing runs twice.
+
+Nodes registered by an agent carry the label AGENT_LABEL; after a master restart those nodes are
+given `node_timeout_s` to reconnect before their tasks are requeued.
+"""
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import grpc
+
+from gosched.api import convert
+from gosched.api.logs import LogStore
+from gosched.api.service import SchedulerService
+from gosched.common.errors import SpecError
+from gosched.common.job import JobKind, split_task_id
+from gosched.common.node import AGENT_LABEL, NodeState
+from gosched.common.snapshots import JobSnapshot
+from gosched.common.states import TaskState
+from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
+from gosched.proto.v1 import types_pb2 as pb
+from gosched.runtime.control import ControlPlane
+
+log = logging.getLogger(__name__)
+
+LOST_PREFIX = "lost:"
+KILL_GRACE_S = 10.0
+TICK_S = 0.05
+
+
+@dataclass
+class AgentSession:
+    node: str
+    session_id: str
+    last_seen: float
+    outbox: "queue.Queue[agent_pb2.SchedulerMessage | None]" = field(default_factory=queue.Queue)
+    sent: set[str] = field(default_factory=set)  # tasks launched there and not yet ended
+    connected: bool = False
+
+
+@dataclass
+class _Reports:
+    started: list[str] = field(default_factory=list)
+    finished: dict[TaskState, list[str]] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
+
+
+class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(
+        self,
+        service: SchedulerService,
+        logs: LogStore,
+        *,
+        heartbeat_interval_s: float = 1.0,
+        node_timeout_s: float = 10.0,
+        kill_grace_s: float = KILL_GRACE_S,
+    ) -> None:
+        self.service = service
+        self.logs = logs
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.node_timeout_s = node_timeout_s
+        self.kill_grace_s = kill_grace_s
+        self._lock = threading.Lock()  # guards sessions and reports (the gRPC threads write them)
+        self.sessions: dict[str, AgentSession] = {}
+        self._reports = _Reports()
+        self._last_tick = 0.0
+        self._adopted = False
+        service.tick_hooks.append(self.tick)
+
+    # -- gRPC ----------------------------------------------------------------------------------------
+    def Register(self, request: agent_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:
+        try:
+            node = convert.node_from_proto(request.node)
+        except (SpecError, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node: {exc}")
+        if not self.service.ready:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not ready")
+        labels = {**dict(node.labels), AGENT_LABEL: "true"}
+        node = replace(node, labels=tuple(sorted(labels.items())))
+        with self.service._changed:
+            control = self.service.control
+            known = control.nodes([node.name])
+            if known and known[0].node.state in (NodeState.CORDONED, NodeState.DRAINING):
+                node = replace(node, state=known[0].node.state)  # an operator's cordon outlives the agent
+            else:
+                node = replace(node, state=NodeState.READY)
+            control.add_nodes([node])
+            expected = control.residents([node.name])[node.name]
+            self.service.touch()
+        session = AgentSession(node.name, uuid.uuid4().hex, time.monotonic(), sent=set(expected))
+        with self._lock:
+            old = self.sessions.get(node.name)
+            self.sessions[node.name] = session
+        if old is not None:
+            old.outbox.put(None)  # ends the old stream
+        log.info("agent %s registered (%d expected task(s))", node.name, len(expected))
+        return agent_pb2.RegisterResponse(
+            node_name=node.name,
+            session_id=session.session_id,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            expected_task_ids=sorted(expected),
+        )
+
+    def Connect(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return
+        with self._lock:
+            session = self.sessions.get(first.node_name)
+        if session is None or session.session_id != first.session_id:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "unknown or replaced session: register again")
+        assert session is not None
+        session.connected = True
+        self._receive(session, first)
+        reader = threading.Thread(
+            target=self._read, args=(session, request_iterator), name=f"agent-{session.node}", daemon=True
+        )
+        reader.start()
+        while context.is_active():
+            try:
+                msg = session.outbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg is None:
+                break
+            yield msg
+        session.connected = False
+
+    def _read(self, session: AgentSession, messages: Iterator[Any]) -> None:
+        try:
+            for msg in messages:
+                if msg.session_id != session.session_id:
+                    break
+                self._receive(session, msg)
+        except grpc.RpcError:
+            pass  # the stream broke: the agent reconnects, or its node times out
+        finally:
+            session.outbox.put(None)
+
+    def _receive(self, session: AgentSession, msg: Any) -> None:
+        session.last_seen = time.monotonic()
+        body = msg.WhichOneof("body")
+        if body == "task_status":
+            self._on_status(session, msg.task_status)
+        elif body == "log":
+            chunk = msg.log
+            try:
+                self.logs.write(chunk.task_id, chunk.stream or "stdout", chunk.offset, chunk.data)
+            except ValueError as exc:
+                log.warning("agent %s sent a bad log chunk: %s", session.node, exc)
+
+    def _on_status(self, session: AgentSession, status: Any) -> None:
+        state = convert.task_state_from_proto(status.state)
+        tid = status.task_id
+        with self._lock:
+            r = self._reports
+            if state is TaskState.RUNNING:
+                r.started.append(tid)
+            elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
+                session.sent.discard(tid)
+                if state is TaskState.FAILED and status.message.startswith(LOST_PREFIX):
+                    r.lost.append(tid)
+                else:
+                    r.finished.setdefault(state, []).append(tid)
+        self.service._wake.set()
+
+    # -- the tick (scheduling thread, service lock held) -------------------------------------------------
+    def tick(self, control: ControlPlane) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            reports, self._reports = self._reports, _Reports()
+        changed = self._apply(control, reports)
+        if now - self._last_tick < TICK_S:
+            return changed
+        self._last_tick = now
+        if not self._adopted:
+            self._adopt_known_nodes(control, now)
+        changed = self._check_liveness(control, now) or changed
+        self._reconcile(control)
+        return changed
+
+    def _apply(self, control: ControlPlane, r: _Reports) -> bool:
+        if r.started:
+            control.started(r.started)
+        for state, tids in r.finished.items():
+            control.finished(tids, state)
+        if r.lost:
+            control.lost(r.lost)
+        return bool(r.started or r.finished or r.lost)
+
+    def _adopt_known_nodes(self, control: ControlPlane, now: float) -> None:
+        """After a restart: nodes of agents that have not reconnected yet get the timeout to do so."""
+        self._adopted = True
+        for snap in control.nodes():
+            if dict(snap.node.labels).get(AGENT_LABEL) and snap.node.state != NodeState.NOT_READY:
+                with self._lock:
+                    if snap.node.name not in self.sessions:
+                        self.sessions[snap.node.name] = AgentSession(
+                            snap.node.name, "", now, sent=set(snap.task_ids)
+                        )
+
+    def _check_liveness(self, control: ControlPlane, now: float) -> bool:
+        with self._lock:
+            dead = [s for s in self.sessions.values() if now - s.last_seen > self.node_timeout_s]
+            for s in dead:
+                del self.sessions[s.node]
+        for s in dead:
+            s.outbox.put(None)
+            try:
+                released = control.node_lost(s.node)
+            except KeyError:
+                continue
+            log.warning("node %s missed heartbeats for %.1fs: not ready, %d task(s) requeued",
+                        s.node, now - s.last_seen, len(released))
+        return bool(dead)
+
+    def _reconcile(self, control: ControlPlane) -> None:
+        with self._lock:
+            live = [s for s in self.sessions.values() if s.connected]
+        if not live:
+            return
+        residents = control.residents([s.node for s in live])
+        launches: dict[str, list[str]] = {}
+        kills: dict[str, list[str]] = {}
+        for s in live:
+            want = set(residents.get(s.node, ()))
+            new = sorted(want - s.sent)
+            gone = sorted(s.sent - want)
+            if new:
+                launches[s.node] = new
+            if gone:
+                kills[s.node] = gone
+        if not launches and not kills:
+            return
+        touched = (*launches.values(), *kills.values())
+        job_ids = sorted({split_task_id(t)[0] for tids in touched for t in tids})
+        snaps = {j: snap for j, snap in zip(job_ids, control.jobs(job_ids, placements=True), strict=True)}
+        by_node = {s.node: s for s in live}
+        for node, tids in launches.items():
+            s = by_node[node]
+            for tid in tids:
+                msg = _launch(tid, snaps.get(split_task_id(tid)[0]))
+                if msg is not None:
+                    s.sent.add(tid)
+                    s.outbox.put(agent_pb2.SchedulerMessage(launch=msg))
+        for node, tids in kills.items():
+            s = by_node[node]
+            for tid in tids:
+                s.sent.discard(tid)
+                reason = _kill_reason(tid, snaps.get(split_task_id(tid)[0]))
+                kill = agent_pb2.KillTask(task_id=tid, grace_period_s=self.kill_grace_s, reason=reason)
+                s.outbox.put(agent_pb2.SchedulerMessage(kill=kill))
+
+
+def _launch(tid: str, snap: JobSnapshot | None) -> agent_pb2.LaunchTask | None:
+    if snap is None:
+        return None
+    job_id, index = split_task_id(tid)
+    placed = snap.placements.get(index)
+    if placed is None:
+        return None
+    group = snap.job.group_of(index)
+    res = group.resources
+    return agent_pb2.LaunchTask(
+        task_id=tid,
+        job_id=job_id,
+        index=index,
+        role=group.role,
+        command=list(group.command),
+        env=dict(group.env),
+        cpu_milli=res.cpu_milli,
+        memory=res.memory,
+        gpus=[pb.GpuAssignment(index=i, milli=m) for i, m in placed[1]],
+        attempt=0,
+        service=snap.job.kind is JobKind.SERVICE,
+    )
+
+
+def _kill_reason(tid: str, snap: JobSnapshot | None) -> str:
+    if snap is None:
+        return "released"
+    state = snap.task_states[split_task_id(tid)[1]]
+    if state is TaskState.CANCELLED:
+        return "cancelled"
+    if state in (TaskState.PREEMPTED, TaskState.PENDING, TaskState.SCHEDULED):
+        return "preempted"
+    return "released"
+

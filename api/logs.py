@@ -1,0 +1,53 @@
+"""Task output as the master keeps it: node agents ship each task's stdout/stderr in chunks, the
+master writes them at their offsets under one folder, and `StreamLogs` serves them from there.
+
+Writing at the chunk's offset (not appending) makes a chunk that is sent twice (an agent that
+reconnects and resends) harmless. Readers that follow a task wait on one condition that every
+write notifies.
+"""
+
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+STREAMS = ("stdout", "stderr")
+READ_CHUNK = 64 * 1024
+
+
+class LogStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._written = threading.Condition()
+        self.generation = 0  # bumped on every write
+
+    def path(self, task_id: str, stream: str) -> Path:
+        if stream not in STREAMS:
+            raise ValueError(f"stream must be one of {', '.join(STREAMS)}, got {stream!r}")
+        return self.root / f"{quote(task_id, safe='')}.{stream}"
+
+    def write(self, task_id: str, stream: str, offset: int, data: bytes) -> None:
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        path = self.path(task_id, stream)
+        with open(path, "r+b" if path.exists() else "wb") as f:
+            f.seek(offset)
+            f.write(data)
+        with self._written:
+            self.generation += 1
+            self._written.notify_all()
+
+    def read(self, task_id: str, stream: str, offset: int, limit: int = READ_CHUNK) -> bytes:
+        path = self.path(task_id, stream)
+        if not path.exists():
+            return b""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(limit)
+
+    def wait(self, seen_generation: int, timeout: float) -> int:
+        """Block until something is written after `seen_generation` (or the timeout); returns the
+        generation now."""
+        with self._written:
+            self._written.wait_for(lambda: self.generation != seen_generation, timeout)
+            return self.generation

@@ -1,0 +1,75 @@
+"""Read-only questions to the binder's truth, answered as plain snapshots (for the API, in process
+or through the binder's Ray actor)."""
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from gosched.binder.binder import Binder
+from gosched.common.snapshots import Gpus, NodeSnapshot
+
+GPU_MILLI = 1000
+
+
+def node_snapshots(binder: Binder, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
+    """Live nodes in row order, or those named (unknown names left out)."""
+    a = binder.state
+    rows = a.live_rows() if names is None else [a.row_of[n] for n in names if n in a.row_of]
+    out: list[NodeSnapshot] = []
+    for row in rows:
+        node = a.nodes[row]
+        if node is None:
+            continue
+        out.append(
+            NodeSnapshot(
+                node=node,
+                cpu_used_milli=int(a.cpu_used[row]),
+                memory_used=int(a.mem_used[row]),
+                gpu_used_milli=tuple(GPU_MILLI - int(a.gpu_free[row, g.index]) for g in node.gpus),
+                task_ids=tuple(sorted(a.residents[row])),
+            )
+        )
+    return out
+
+
+def residents_of(binder: Binder, names: Iterable[str]) -> dict[str, list[str]]:
+    a = binder.state
+    out: dict[str, list[str]] = {}
+    for name in names:
+        row = a.row_of.get(name)
+        out[name] = [] if row is None else list(a.residents[row])
+    return out
+
+
+def placements_of(binder: Binder, task_ids: Iterable[str]) -> dict[str, tuple[str, Gpus]]:
+    """Where each resident task is: task id -> (node, gpus); tasks not resident are left out."""
+    out: dict[str, tuple[str, Gpus]] = {}
+    for tid in task_ids:
+        got = binder.resident(tid)
+        if got is not None:
+            out[tid] = (got[0], got[1].gpus)
+    return out
+
+
+def cluster_usage(binder: Binder) -> dict[str, int]:
+    """Capacity and use over the live nodes, and the binder's version (one vectorised pass)."""
+    a = binder.state
+    rows = np.asarray(a.live_rows(), dtype=np.int64)
+    totals = a.totals()
+    if rows.size == 0:
+        used = {"cpu_used_milli": 0, "memory_used": 0, "gpu_used_milli": 0, "schedulable_nodes": 0}
+    else:
+        used = {
+            "cpu_used_milli": int(a.cpu_used[rows].sum()),
+            "memory_used": int(a.mem_used[rows].sum()),
+            "gpu_used_milli": int(a.gpu_used_total[rows].sum()),
+            "schedulable_nodes": int(a.schedulable[rows].sum()),
+        }
+    return {
+        "nodes": int(rows.size),
+        "cpu_milli": totals["cpu"],
+        "memory": totals["memory"],
+        "gpu_milli": totals["gpu"],
+        "binder_version": binder.version,
+        **used,
+    }

@@ -1,0 +1,115 @@
+"""The control plane as the API server sees it: one interface over the scheduler, whether its
+components run in this process (`LocalControl`, runtime/local_control.py) or as Ray actors
+(`RayControl`, runtime/ray_control.py).
+
+Every query returns plain snapshots (gosched.common.snapshots), never a live component object, so the
+same API code serves both: over Ray a snapshot is one actor call, whatever its size.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from gosched.common.job import Job, task_id
+from gosched.common.node import Node, NodeState
+from gosched.common.snapshots import Counters, Gpus, JobSnapshot, NodeSnapshot
+from gosched.common.states import HOLDS_RESOURCES, TaskState
+
+
+class ControlPlane(Protocol):
+    """What the API service needs of the scheduler. Calls may come from several threads, but the
+    service serialises them (one lock), so implementations need not be thread-safe."""
+
+    # -- scheduling ----------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Advance scheduling a little; True if work was dispatched or bound (else the caller idles)."""
+        ...
+
+    def close(self) -> None: ...
+
+    # -- jobs ------------------------------------------------------------------------------------------
+    def submit_many(self, jobs: Sequence[Job]) -> list[str]:
+        """Admit jobs (SpecError / AdmissionRejected on refusal); returns their ids."""
+        ...
+
+    def job_ids(self) -> list[str]:
+        """Every job the dispatcher still knows, oldest submission first (after a restart too)."""
+        ...
+
+    def jobs(self, job_ids: Sequence[str], *, placements: bool) -> list[JobSnapshot | None]:
+        """Snapshots in the order asked (None: unknown job)."""
+        ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def explain(self, job_id: str) -> str: ...
+
+    def drain_latencies(self) -> list[float]:
+        """Dispatch -> bind seconds of the tasks bound since the last call."""
+        ...
+
+    # -- task lives (reported by node agents) -----------------------------------------------------------
+    def started(self, task_ids: Sequence[str]) -> None:
+        """bound -> running."""
+        ...
+
+    def finished(self, task_ids: Sequence[str], final: TaskState) -> None:
+        """The tasks ended on their node (SUCCEEDED / FAILED): free their resources."""
+        ...
+
+    def lost(self, task_ids: Sequence[str]) -> None:
+        """The tasks are gone with their node or agent: free them and queue them again."""
+        ...
+
+    # -- nodes -------------------------------------------------------------------------------------------
+    def add_nodes(self, nodes: Sequence[Node]) -> None: ...
+
+    def set_node_state(self, name: str, state: NodeState) -> None:
+        """KeyError for an unknown node."""
+        ...
+
+    def node_lost(self, name: str) -> list[str]:
+        """The node stopped answering: mark it not ready and requeue its tasks (a gang that loses
+        members below its min_member is evicted whole). Returns the task ids released."""
+        ...
+
+    def nodes(self, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
+        """Live nodes (those named, if given; unknown names are left out)."""
+        ...
+
+    def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """Task ids holding resources on each named node (an unknown node: none)."""
+        ...
+
+    # -- cluster -----------------------------------------------------------------------------------------
+    def queue_shares(self) -> dict[str, float]: ...
+
+    def counters(self) -> Counters: ...
+
+    def pending_tasks(self) -> int:
+        """Tasks waiting to be placed, over all jobs."""
+        ...
+
+
+def with_placements(
+    snapshots: list[JobSnapshot | None], where: Callable[[list[str]], dict[str, tuple[str, Gpus]]]
+) -> list[JobSnapshot | None]:
+    """Fill in where each job's resident tasks are; `where` asks the binder for many tasks at once."""
+    tids = [
+        task_id(s.job.id, i)
+        for s in snapshots
+        if s is not None
+        for i, st in enumerate(s.task_states)
+        if st in HOLDS_RESOURCES
+    ]
+    if not tids:
+        return snapshots
+    found = where(tids)
+    out: list[JobSnapshot | None] = []
+    for s in snapshots:
+        if s is None:
+            out.append(None)
+            continue
+        mine = {i: found[t] for i in range(len(s.task_states)) if (t := task_id(s.job.id, i)) in found}
+        out.append(replace(s, placements=mine))
+    return out

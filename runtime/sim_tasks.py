@@ -1,0 +1,50 @@
+"""Tasks on simulated nodes "run" for a fixed time and succeed, so a cluster of simulated nodes
+behaves like a real one from the outside (`gosched up --sim-nodes N`).
+
+A tick hook of the API service (scheduling thread, service lock held): every `period_s` it asks
+for the residents of the simulated nodes (every node no agent registered), marks the new ones
+running and ends those that have run `task_seconds`.
+"""
+
+import time
+
+from gosched.common.node import AGENT_LABEL
+from gosched.common.states import TaskState
+from gosched.runtime.control import ControlPlane
+
+
+class SimulatedTasks:
+    def __init__(self, task_seconds: float, period_s: float = 0.1) -> None:
+        self.task_seconds = task_seconds
+        self.period_s = period_s
+        self._started: dict[str, float] = {}  # task id -> monotonic start
+        self._last = 0.0
+        self._names: list[str] | None = None
+        self._names_at = 0.0
+
+    def _simulated_nodes(self, control: ControlPlane, now: float) -> list[str]:
+        if self._names is None or now - self._names_at > 5.0:  # nodes come and go rarely
+            self._names = [s.node.name for s in control.nodes() if AGENT_LABEL not in dict(s.node.labels)]
+            self._names_at = now
+        return self._names
+
+    def tick(self, control: ControlPlane) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.period_s:
+            return False
+        self._last = now
+        per_node = control.residents(self._simulated_nodes(control, now))
+        resident = {t for tids in per_node.values() for t in tids}
+        new = [t for t in resident if t not in self._started]
+        for t in new:
+            self._started[t] = now
+        done = [t for t, at in self._started.items() if now - at >= self.task_seconds and t in resident]
+        for t in [t for t in self._started if t not in resident]:  # cancelled or preempted meanwhile
+            del self._started[t]
+        if new:
+            control.started(new)
+        if done:
+            control.finished(done, TaskState.SUCCEEDED)
+            for t in done:
+                del self._started[t]
+        return bool(new or done)
