@@ -58,6 +58,7 @@ class AgentSession:
     outbox: "queue.Queue[agent_pb2.SchedulerMessage | None]" = field(default_factory=queue.Queue)
     sent: set[str] = field(default_factory=set)  # tasks launched there and not yet ended
     connected: bool = False
+    limits: str = ""
 
 
 @dataclass
@@ -89,6 +90,14 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         self._adopted = False
         service.tick_hooks.append(self.tick)
 
+    def agent_info(self, node: str) -> tuple[float, bool, str]:
+        """(seconds since the node's agent was heard from, -1 if none; stream up; its limits)."""
+        with self._lock:
+            s = self.sessions.get(node)
+            if s is None:
+                return -1.0, False, ""
+            return time.monotonic() - s.last_seen, s.connected, s.limits
+
     # -- gRPC ----------------------------------------------------------------------------------------
     def Register(self, request: agent_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:
         try:
@@ -109,7 +118,9 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             control.add_nodes([node])
             expected = control.residents([node.name])[node.name]
             self.service.touch()
-        session = AgentSession(node.name, uuid.uuid4().hex, time.monotonic(), sent=set(expected))
+        session = AgentSession(
+            node.name, uuid.uuid4().hex, time.monotonic(), sent=set(expected), limits=request.limits
+        )
         with self._lock:
             old = self.sessions.get(node.name)
             self.sessions[node.name] = session

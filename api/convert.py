@@ -337,6 +337,9 @@ class NodeInfo:
     memory_used: int = 0
     gpu_used_milli: tuple[int, ...] = ()
     task_ids: tuple[str, ...] = ()
+    heartbeat_age_s: float = -1.0  # -1: no agent (a simulated or static node)
+    agent_connected: bool = False
+    limits: str = ""  # how the agent limits tasks, e.g. "none: cgroup v2 not writable"
 
     @property
     def name(self) -> str:
@@ -376,4 +379,7 @@ def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
         memory_used=msg.memory_used,
         gpu_used_milli=tuple(msg.gpu_used_milli),
         task_ids=tuple(msg.task_ids),
+        heartbeat_age_s=msg.heartbeat_age_s,
+        agent_connected=msg.agent_connected,
+        limits=msg.limits,
     )

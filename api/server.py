@@ -140,13 +140,17 @@ def job_message(view: JobView) -> pb.Job:
     )
 
 
-def node_message(view: NodeView) -> pb.NodeInfo:
+def node_message(view: NodeView, agent: tuple[float, bool, str] = (-1.0, False, "")) -> pb.NodeInfo:
+    age, connected, limits = agent
     return pb.NodeInfo(
         node=convert.node_to_proto(view.node),
         cpu_used_milli=view.cpu_used_milli,
         memory_used=view.memory_used,
         gpu_used_milli=list(view.gpu_used_milli),
         task_ids=list(view.task_ids),
+        heartbeat_age_s=age,
+        agent_connected=connected,
+        limits=limits,
     )
 
 
@@ -235,26 +239,30 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
-    def __init__(self, service: SchedulerService) -> None:
+    def __init__(self, service: SchedulerService, gateway: AgentGateway) -> None:
         self.service = service
+        self.gateway = gateway
+
+    def _node(self, view: NodeView) -> pb.NodeInfo:
+        return node_message(view, self.gateway.agent_info(view.node.name))
 
     @_mapped
     def ListNodes(self, request: cluster_pb2.ListNodesRequest, context: Any) -> cluster_pb2.ListNodesResponse:
         views = self.service.nodes(convert.node_state_from_proto(request.state))
-        return cluster_pb2.ListNodesResponse(nodes=[node_message(v) for v in views])
+        return cluster_pb2.ListNodesResponse(nodes=[self._node(v) for v in views])
 
     @_mapped
     def GetNode(self, request: cluster_pb2.GetNodeRequest, context: Any) -> pb.NodeInfo:
-        return node_message(self.service.node(request.name))
+        return self._node(self.service.node(request.name))
 
     @_mapped
     def CordonNode(self, request: cluster_pb2.CordonNodeRequest, context: Any) -> pb.NodeInfo:
         state = NodeState.READY if request.uncordon else NodeState.CORDONED
-        return node_message(self.service.set_node_state(request.name, state))
+        return self._node(self.service.set_node_state(request.name, state))
 
     @_mapped
     def DrainNode(self, request: cluster_pb2.DrainNodeRequest, context: Any) -> pb.NodeInfo:
-        return node_message(self.service.set_node_state(request.name, NodeState.DRAINING))
+        return self._node(self.service.set_node_state(request.name, NodeState.DRAINING))
 
     @_mapped
     def ListQueues(
@@ -510,7 +518,7 @@ def serve(
     )
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service, logs), server)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
-    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service), server)
+    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service, gateway), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     for name in ("", *SERVICE_NAMES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -1,7 +1,219 @@
-"""(being written)"""
+"""`gosched master` (the scheduler and its API, for real deployments) and `gosched up` (the
+embedded default on one machine: a local Ray, the master, this machine's own agent, and simulated
+nodes, with a sample job to show it working)."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from gosched.common.config import Settings, load_settings
+
+ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
+ShardsOpt = Annotated[int | None, typer.Option(help="Scheduler shards (Ray actors).")]
+StoreOpt = Annotated[str | None, typer.Option("--store", help="SQLite store path.")]
+GrpcOpt = Annotated[int | None, typer.Option("--grpc-port", help="gRPC port (API and agents).")]
+HttpOpt = Annotated[int | None, typer.Option("--http-port", help="HTTP port (/healthz /readyz /metrics).")]
+SimNodesOpt = Annotated[int, typer.Option("--sim-nodes", help="Simulated nodes to add.")]
+SimSecondsOpt = Annotated[
+    float, typer.Option("--sim-task-seconds", help="How long a task on a simulated node runs.")
+]
+
+
+def _settings(config: str | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config, **overrides)
+    except Exception as exc:  # pydantic's ValidationError names each bad field
+        typer.echo(f"invalid configuration: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _wait_for_signal() -> None:
+    """Block until Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+
+
+def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -> Any:
+    from gosched.api.server import serve
+    from gosched.runtime.simulation import sim_nodes as make_sim_nodes
+
+    nodes = make_sim_nodes(sim_nodes) if sim_nodes else []
+    try:
+        return serve(
+            settings,
+            nodes,
+            grpc_port=settings.grpc_port,
+            http_port=settings.http_port,
+            runtime=settings.runtime,
+            ray_address=settings.ray_address,
+            log_dir=settings.log_dir,
+            sim_task_seconds=sim_task_seconds,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            node_timeout_s=settings.node_timeout_s,
+            wait_ready=True,
+        )
+    except OSError as exc:
+        typer.echo(f"error: cannot start the master: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def master(
+    config: ConfigOpt = None,
+    shards: ShardsOpt = None,
+    store: StoreOpt = None,
+    grpc_port: GrpcOpt = None,
+    http_port: HttpOpt = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Join this Ray cluster (default: start one).")
+    ] = None,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="Run every component in this process (no Ray).")
+    ] = False,
+    sim_nodes: SimNodesOpt = 0,
+    sim_task_seconds: SimSecondsOpt = 5.0,
+) -> None:
+    """Run the scheduler (dispatcher, binder, shards as Ray actors) and serve its API."""
+    settings = _settings(
+        config,
+        shards=shards,
+        store_path=store,
+        grpc_port=grpc_port,
+        http_port=http_port,
+        ray_address=address,
+        runtime="local" if in_process else None,
+    )
+    handle = _start(settings, sim_nodes, sim_task_seconds if sim_nodes else None)
+    typer.echo(
+        f"gosched master ready: gRPC :{handle.grpc_port}, HTTP :{handle.http_port}, "
+        f"{settings.shards} shard(s) on {settings.runtime}, store {settings.store_path}"
+    )
+    try:
+        _wait_for_signal()
+    finally:
+        typer.echo("stopping")
+        handle.stop()
+
+
+SAMPLE_SCRIPT = "echo hello from gosched on $(hostname); echo GPUs: ${CUDA_VISIBLE_DEVICES:-none}"
+
+
+def up(
+    config: ConfigOpt = None,
+    shards: ShardsOpt = 4,
+    store: StoreOpt = None,
+    grpc_port: GrpcOpt = None,
+    http_port: HttpOpt = None,
+    sim_nodes: SimNodesOpt = 16,
+    sim_task_seconds: SimSecondsOpt = 3.0,
+    work_dir: Annotated[str, typer.Option(help="Where the store, logs and agent files go.")] = ".gosched",
+    detach_after_demo: Annotated[
+        bool, typer.Option("--exit-after-demo", help="Stop once the sample jobs have finished.")
+    ] = False,
+) -> None:
+    """The embedded default: a local Ray, the master, this machine's agent, simulated nodes."""
+    from gosched import Client
+
+    root = Path(work_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    settings = _settings(
+        config,
+        shards=shards,
+        store_path=store or str(root / "gosched.db"),
+        grpc_port=grpc_port,
+        http_port=http_port,
+        runtime="ray",
+    )
+    started = time.monotonic()
+    typer.echo(f"starting Ray and the master ({settings.shards} shards) ...")
+    handle = _start(settings, sim_nodes, sim_task_seconds)
+    target = f"127.0.0.1:{handle.grpc_port}"
+    me = socket.gethostname()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gosched.cli.main", "agent", "--master", target, "--name", me,
+         "--work-dir", str(root / "agent")],
+        stdout=subprocess.DEVNULL if detach_after_demo else None,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ctrl-C reaches us; we stop the agent ourselves
+    )
+    try:
+        with Client(target, timeout=30) as client:
+            _show_working(client, me, handle.http_port, started)
+            if not detach_after_demo:
+                typer.echo(f"running: gRPC {target}, HTTP :{handle.http_port}; Ctrl-C stops it all")
+                _wait_for_signal()
+    finally:
+        typer.echo("stopping the agent and the master")
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        handle.stop()
+
+
+def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
+    from gosched.common.states import JobState
+
+    deadline = time.monotonic() + 60
+    while not any(n.name == me for n in client.nodes()):
+        if time.monotonic() > deadline:
+            raise typer.Exit(_fail("this machine's agent did not register within 60s"))
+        time.sleep(0.2)
+    nodes = client.nodes()
+    gpus = sum(len(n.gpus) for n in nodes)
+    simulated = len(nodes) - 1
+    typer.echo(f"cluster: {len(nodes)} nodes, {gpus} GPUs: this machine ({me}) and {simulated} simulated")
+    local = client.submit(_sample_job())
+    gang = client.submit(
+        {"id": f"gang-{int(time.time())}", "replicas": 4, "min_member": 4, "gpus": 1, "cpu": "4",
+         "memory": "16Gi", "command": ["python", "train.py"]}
+    )
+    for job_id in (local, gang):
+        info = client.wait(job_id, timeout=60)
+        typer.echo(f"job {job_id}: {info.state.value} ({_placement(info)})")
+        if info.state is not JobState.SUCCEEDED:
+            raise typer.Exit(_fail(f"job {job_id} ended {info.state.value}: {client.explain(job_id)}"))
+    out = b"".join(chunk for chunk in client.logs(local, task=0))
+    typer.echo(f"output of {local}: " + out.decode(errors="replace").strip().replace("\n", " | "))
+    status = client.status()
+    typer.echo(json.dumps({k: status[k] for k in ("nodes", "bound_tasks", "shards") if k in status}))
+    typer.echo(f"up and working in {time.monotonic() - started:.1f}s")
+
+
+def _sample_job() -> dict[str, Any]:
+    """A small shell job for this machine's agent (the only node with a real agent here)."""
+    return {
+        "id": f"hello-{int(time.time())}",
+        "command": ["sh", "-c", SAMPLE_SCRIPT],
+        "cpu": "100m",
+        "memory": "64Mi",
+        "node_selector": {"gosched.io/agent": "true"},
+    }
+
+
+def _placement(info: Any) -> str:
+    nodes = sorted({t.node for t in info.tasks if t.node})
+    return f"{len(info.tasks)} task(s) on {', '.join(nodes) or 'their nodes'}"
+
+
+def _fail(message: str) -> int:
+    typer.echo(f"error: {message}", err=True)
+    return 1
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the `gosched` app."""
+    """Add `master` and `up` to the `gosched` app."""
+    app.command()(master)
+    app.command()(up)
+

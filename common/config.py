@@ -6,7 +6,7 @@ Validated at load with errors that name the field. Every component reads its par
 import enum
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -130,6 +130,15 @@ class Settings(BaseSettings):
     # Seconds an unschedulable unit waits before it is tried again (doubles per attempt, capped).
     retry_backoff_s: float = Field(default=0.05, ge=0.0)
     retry_backoff_max_s: float = Field(default=5.0, ge=0.0)
+    # The master process (gosched master / up).
+    runtime: Literal["ray", "local"] = "ray"  # components as Ray actors, or all in the master process
+    ray_address: str | None = None  # join this Ray cluster; None: start a local one
+    grpc_port: int = Field(default=9090, ge=0, le=65535)
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    log_dir: str | None = None  # task output shipped by agents; None: beside the store
+    heartbeat_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
+    # An agent silent this long loses its node: not ready, its tasks queued again.
+    node_timeout_s: float = Field(default=10.0, gt=0.0)
 
     @model_validator(mode="after")
     def _unique_queues(self) -> "Settings":
@@ -140,6 +149,15 @@ class Settings(BaseSettings):
         total = sum(q.guarantee for q in self.queues)
         if total > 1.0 + 1e-9:
             raise ValueError(f"queues: guarantees add up to {total:.2f}, more than the whole cluster (1.0)")
+        return self
+
+    @model_validator(mode="after")
+    def _timeout_spans_heartbeats(self) -> "Settings":
+        if self.node_timeout_s < 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                f"node_timeout_s ({self.node_timeout_s}) must be at least twice heartbeat_interval_s "
+                f"({self.heartbeat_interval_s}), or one late heartbeat loses a node"
+            )
         return self
 
     def queue(self, name: str) -> QueueConfig:

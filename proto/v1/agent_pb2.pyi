@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node", "agent_version")
+    __slots__ = ("node", "agent_version", "limits")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     node: _types_pb2.Node
     agent_version: str
-    def __init__(self, node: _Optional[_Union[_types_pb2.Node, _Mapping]] = ..., agent_version: _Optional[str] = ...) -> None: ...
+    limits: str
+    def __init__(self, node: _Optional[_Union[_types_pb2.Node, _Mapping]] = ..., agent_version: _Optional[str] = ..., limits: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("node_name", "session_id", "heartbeat_interval_s", "expected_task_ids")

@@ -325,18 +325,24 @@ class Node(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., taints: _Optional[_Iterable[_Union[Taint, _Mapping]]] = ..., extended: _Optional[_Mapping[str, int]] = ..., state: _Optional[_Union[NodeState, str]] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node", "cpu_used_milli", "memory_used", "gpu_used_milli", "task_ids")
+    __slots__ = ("node", "cpu_used_milli", "memory_used", "gpu_used_milli", "task_ids", "heartbeat_age_s", "agent_connected", "limits")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CPU_USED_MILLI_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
     GPU_USED_MILLI_FIELD_NUMBER: _ClassVar[int]
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     node: Node
     cpu_used_milli: int
     memory_used: int
     gpu_used_milli: _containers.RepeatedScalarFieldContainer[int]
     task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., cpu_used_milli: _Optional[int] = ..., memory_used: _Optional[int] = ..., gpu_used_milli: _Optional[_Iterable[int]] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    heartbeat_age_s: float
+    agent_connected: bool
+    limits: str
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., cpu_used_milli: _Optional[int] = ..., memory_used: _Optional[int] = ..., gpu_used_milli: _Optional[_Iterable[int]] = ..., task_ids: _Optional[_Iterable[str]] = ..., heartbeat_age_s: _Optional[float] = ..., agent_connected: _Optional[bool] = ..., limits: _Optional[str] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("task_id", "stream", "offset", "data")
