@@ -66,6 +66,9 @@ class _Reports:
     started: list[str] = field(default_factory=list)
     finished: dict[TaskState, list[str]] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
+    # Ended tasks leave their session's `sent` only once the end is applied (in the same tick as
+    # the release), or a reconcile in between would see them resident and not sent: a relaunch.
+    ended: list[tuple[AgentSession, str]] = field(default_factory=list)
 
 
 class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
@@ -191,7 +194,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             if state is TaskState.RUNNING:
                 r.started.append(tid)
             elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
-                session.sent.discard(tid)
+                r.ended.append((session, tid))
                 if state is TaskState.FAILED and status.message.startswith(LOST_PREFIX):
                     r.lost.append(tid)
                 else:
@@ -220,6 +223,9 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             control.finished(tids, state)
         if r.lost:
             control.lost(r.lost)
+        with self._lock:
+            for session, tid in r.ended:
+                session.sent.discard(tid)
         return bool(r.started or r.finished or r.lost)
 
     def _adopt_known_nodes(self, control: ControlPlane, now: float) -> None:

@@ -13,7 +13,11 @@ FORBIDDEN = {
     "scheduler_shard": {"binder", "dispatcher", "runtime", "api"},
     "binder": {"scheduler_shard", "dispatcher", "runtime", "api"},
     "dispatcher": {"scheduler_shard", "binder", "runtime", "api"},
+    # The node agent talks to the master through gRPC only: no scheduler component in its process.
+    "agent": {"dispatcher", "scheduler_shard", "binder", "runtime", "bench"},
 }
+# Of gosched.api, the agent may use the proto conversions alone (not the server, service or client).
+AGENT_API_ALLOWED = {"gosched.api.convert", "gosched.api.errors"}
 
 
 def imported_components(path: Path) -> set[str]:
@@ -43,3 +47,21 @@ def test_component_imports(component: str) -> None:
         if wrong:
             bad[str(path.relative_to(ROOT))] = sorted(wrong)
     assert not bad, f"{component} imports what it must not: {bad}"
+
+
+def test_agent_uses_only_the_api_conversions() -> None:
+    bad = {}
+    for path in (ROOT / "agent").rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            mods: list[str] = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "gosched.api":
+                mods = [f"gosched.api.{a.name}" for a in node.names]  # from gosched.api import x
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            for mod in mods:
+                if mod.startswith("gosched.api.") and ".".join(mod.split(".")[:3]) not in AGENT_API_ALLOWED:
+                    bad.setdefault(str(path.relative_to(ROOT)), []).append(mod)
+    assert not bad, f"the agent imports server-side API code: {bad}"
