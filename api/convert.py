@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from gosched.common.job import Job
+from gosched.common.errors import SpecError
+from gosched.common.job import Job, TaskGroup
 from gosched.common.node import Node, NodeState
-from gosched.common.spec import job_from_spec, job_to_spec, node_from_spec
+from gosched.common.spec import group_from_spec, job_from_spec, job_to_spec, node_from_spec
 from gosched.common.states import JobState, TaskState
 from gosched.proto.v1 import types_pb2 as pb
 
@@ -144,8 +145,9 @@ def _group_to_dict(g: pb.TaskGroup) -> dict[str, Any]:
     return out
 
 
-def job_spec_to_dict(spec: pb.JobSpec) -> dict[str, Any]:
-    """The spec dict (common/spec.py format) of a JobSpec message: only the fields that are set."""
+def job_spec_to_dict(spec: pb.JobSpec, *, groups: bool = True) -> dict[str, Any]:
+    """The spec dict (common/spec.py format) of a JobSpec message: only the fields that are set
+    (the groups too, unless `groups` is false)."""
     out: dict[str, Any] = {}
     for key in ("id", "tenant", "queue", "kind", "submission_id"):
         if getattr(spec, key):
@@ -155,7 +157,8 @@ def job_spec_to_dict(spec: pb.JobSpec) -> dict[str, Any]:
             out[key] = getattr(spec, key)
     if spec.labels:
         out["labels"] = dict(spec.labels)
-    out["groups"] = [_group_to_dict(g) for g in spec.groups]
+    if groups:
+        out["groups"] = [_group_to_dict(g) for g in spec.groups]
     return out
 
 
@@ -167,10 +170,32 @@ def job_from_proto(
     now: float | None = None,
 ) -> Job:
     """Validate a JobSpec message into a Job; SpecError naming the field if it is invalid."""
-    data = job_spec_to_dict(spec)
+    data = job_spec_to_dict(spec, groups=False)
     if submission_id:
         data["submission_id"] = submission_id
-    return job_from_spec(data, known_queues=known_queues, now=now)
+    return job_from_spec(data, known_queues=known_queues, now=now, groups=_groups_of(spec))
+
+
+# Task groups already validated, by their serialized message: a batch framework submits many jobs
+# whose groups are the same, and validating a group is most of the cost of a submission.
+_GROUP_CACHE: dict[bytes, TaskGroup] = {}
+_GROUP_CACHE_MAX = 4096
+
+
+def _groups_of(spec: pb.JobSpec) -> tuple[TaskGroup, ...]:
+    if not spec.groups:
+        raise SpecError("groups", "needs at least one group")
+    out = []
+    for i, g in enumerate(spec.groups):
+        key = g.SerializeToString(deterministic=True)
+        group = _GROUP_CACHE.get(key)
+        if group is None:
+            group = group_from_spec(_group_to_dict(g), f"groups[{i}]")
+            if len(_GROUP_CACHE) >= _GROUP_CACHE_MAX:
+                _GROUP_CACHE.clear()
+            _GROUP_CACHE[key] = group
+        out.append(group)
+    return tuple(out)
 
 
 # == job spec: dict / Job -> proto ==================================================================

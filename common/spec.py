@@ -612,6 +612,11 @@ def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
     )
 
 
+def group_from_spec(spec: object, path: str) -> TaskGroup:
+    """One task group of a job spec (as under "groups"); `path` prefixes the fields in errors."""
+    return _group(_mapping(spec, path, _GROUP_KEYS), path)
+
+
 def _groups(value: object, path: str) -> tuple[TaskGroup, ...]:
     items = _list(value, path)
     if not items:
@@ -660,10 +665,25 @@ def _submit_time(value: object, path: str) -> float:
 
 
 def job_from_spec(
-    spec: Mapping[str, Any], *, known_queues: Collection[str] | None = None, now: float | None = None
+    spec: Mapping[str, Any],
+    *,
+    known_queues: Collection[str] | None = None,
+    now: float | None = None,
+    groups: tuple[TaskGroup, ...] | None = None,
 ) -> Job:
-    """Validate an external job spec (see the module docstring) and build the Job; SpecError if invalid."""
-    if isinstance(spec, Mapping) and "groups" in spec:
+    """Validate an external job spec (see the module docstring) and build the Job; SpecError if invalid.
+
+    `groups`: task groups already validated (e.g. remembered from an identical earlier spec); the
+    spec then holds the job-level fields only, and the checks across groups still run here.
+    """
+    if groups is not None:
+        root = _mapping(spec, "", _JOB_KEYS)
+        for i, group in enumerate(groups):
+            for j in range(i):
+                if groups[j].role == group.role:
+                    where = _at(_item("groups", i), "role")
+                    _fail(where, f"duplicate role {group.role!r} (also groups[{j}])")
+    elif isinstance(spec, Mapping) and "groups" in spec:
         misplaced = sorted(_GROUP_KEYS & spec.keys())
         if misplaced:
             _fail(misplaced[0], "a task field at the top level next to 'groups': move it into a group")
