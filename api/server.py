@@ -172,6 +172,25 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.SubmitJobResponse(job_id=job_id, created=created, job=job_message(s.get(job_id)))
 
     @_mapped
+    def SubmitJobs(self, request: jobs_pb2.SubmitJobsRequest, context: Any) -> jobs_pb2.SubmitJobsResponse:
+        s = self.service
+        if not s.ready:
+            raise Unavailable("the scheduler is not ready")
+        queues, now = s.known_queues(), time.time()
+        jobs = []
+        for i, item in enumerate(request.jobs):
+            try:
+                jobs.append(
+                    convert.job_from_proto(
+                        item.spec, submission_id=item.submission_id, known_queues=queues, now=now
+                    )
+                )
+            except SpecError as exc:
+                raise SpecError(f"jobs[{i}].{exc.field}", exc.reason) from None
+        ids, created = s.submit_many(jobs)
+        return jobs_pb2.SubmitJobsResponse(job_ids=ids, created=created)
+
+    @_mapped
     def GetJob(self, request: jobs_pb2.GetJobRequest, context: Any) -> pb.Job:
         return job_message(self.service.get(request.job_id))
 

@@ -247,6 +247,17 @@ class SchedulerService:
             self.touch()
             return job_id, created
 
+    def submit_many(self, jobs: list[Job]) -> tuple[list[str], list[bool]]:
+        """Admit jobs all or none; (ids, created per job)."""
+        with self._changed:
+            ids = self.control.submit_many(jobs)
+            created = []
+            for job_id in ids:  # a repeat within the batch is not created twice
+                created.append(job_id not in self._known)
+                self._remember(job_id)
+            self.touch()
+            return ids, created
+
     def known_queues(self) -> list[str]:
         return [q.name for q in self.queue_configs]
 

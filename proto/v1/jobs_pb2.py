@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gosched.proto.v1 import types_pb2 as gosched_dot_proto_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgosched/proto/v1/jobs.proto\x12\ngosched.v1\x1a\x1cgosched/proto/v1/types.proto\"L\n\x10SubmitJobRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.gosched.v1.JobSpec\x12\x15\n\rsubmission_id\x18\x02 \x01(\t\"R\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x1c\n\x03job\x18\x03 \x01(\x0b\x32\x0f.gosched.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"|\n\x0fListJobsRequest\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.gosched.v1.JobState\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"J\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.gosched.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x08JobEvent\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.gosched.v1.Job\x12\x0c\n\x04time\x18\x02 \x01(\x01\"#\n\x11\x45xplainJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"^\n\x12\x45xplainJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.gosched.v1.JobState\x12\x13\n\x0b\x65xplanation\x18\x03 \x01(\t\"a\n\x0bLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x32\xdc\x03\n\nJobService\x12H\n\tSubmitJob\x12\x1c.gosched.v1.SubmitJobRequest\x1a\x1d.gosched.v1.SubmitJobResponse\x12\x34\n\x06GetJob\x12\x19.gosched.v1.GetJobRequest\x1a\x0f.gosched.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.gosched.v1.ListJobsRequest\x1a\x1c.gosched.v1.ListJobsResponse\x12:\n\tCancelJob\x12\x1c.gosched.v1.CancelJobRequest\x1a\x0f.gosched.v1.Job\x12?\n\x08WatchJob\x12\x1b.gosched.v1.WatchJobRequest\x1a\x14.gosched.v1.JobEvent0\x01\x12K\n\nExplainJob\x12\x1d.gosched.v1.ExplainJobRequest\x1a\x1e.gosched.v1.ExplainJobResponse\x12=\n\nStreamLogs\x12\x17.gosched.v1.LogsRequest\x1a\x14.gosched.v1.LogChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgosched/proto/v1/jobs.proto\x12\ngosched.v1\x1a\x1cgosched/proto/v1/types.proto\"L\n\x10SubmitJobRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.gosched.v1.JobSpec\x12\x15\n\rsubmission_id\x18\x02 \x01(\t\"R\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x1c\n\x03job\x18\x03 \x01(\x0b\x32\x0f.gosched.v1.Job\"?\n\x11SubmitJobsRequest\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.gosched.v1.SubmitJobRequest\"6\n\x12SubmitJobsResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x0f\n\x07\x63reated\x18\x02 \x03(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"|\n\x0fListJobsRequest\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.gosched.v1.JobState\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"J\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.gosched.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x08JobEvent\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.gosched.v1.Job\x12\x0c\n\x04time\x18\x02 \x01(\x01\"#\n\x11\x45xplainJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"^\n\x12\x45xplainJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.gosched.v1.JobState\x12\x13\n\x0b\x65xplanation\x18\x03 \x01(\t\"a\n\x0bLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x32\xa9\x04\n\nJobService\x12H\n\tSubmitJob\x12\x1c.gosched.v1.SubmitJobRequest\x1a\x1d.gosched.v1.SubmitJobResponse\x12K\n\nSubmitJobs\x12\x1d.gosched.v1.SubmitJobsRequest\x1a\x1e.gosched.v1.SubmitJobsResponse\x12\x34\n\x06GetJob\x12\x19.gosched.v1.GetJobRequest\x1a\x0f.gosched.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.gosched.v1.ListJobsRequest\x1a\x1c.gosched.v1.ListJobsResponse\x12:\n\tCancelJob\x12\x1c.gosched.v1.CancelJobRequest\x1a\x0f.gosched.v1.Job\x12?\n\x08WatchJob\x12\x1b.gosched.v1.WatchJobRequest\x1a\x14.gosched.v1.JobEvent0\x01\x12K\n\nExplainJob\x12\x1d.gosched.v1.ExplainJobRequest\x1a\x1e.gosched.v1.ExplainJobResponse\x12=\n\nStreamLogs\x12\x17.gosched.v1.LogsRequest\x1a\x14.gosched.v1.LogChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBREQUEST']._serialized_end=149
   _globals['_SUBMITJOBRESPONSE']._serialized_start=151
   _globals['_SUBMITJOBRESPONSE']._serialized_end=233
-  _globals['_GETJOBREQUEST']._serialized_start=235
-  _globals['_GETJOBREQUEST']._serialized_end=266
-  _globals['_LISTJOBSREQUEST']._serialized_start=268
-  _globals['_LISTJOBSREQUEST']._serialized_end=392
-  _globals['_LISTJOBSRESPONSE']._serialized_start=394
-  _globals['_LISTJOBSRESPONSE']._serialized_end=468
-  _globals['_CANCELJOBREQUEST']._serialized_start=470
-  _globals['_CANCELJOBREQUEST']._serialized_end=504
-  _globals['_WATCHJOBREQUEST']._serialized_start=506
-  _globals['_WATCHJOBREQUEST']._serialized_end=539
-  _globals['_JOBEVENT']._serialized_start=541
-  _globals['_JOBEVENT']._serialized_end=595
-  _globals['_EXPLAINJOBREQUEST']._serialized_start=597
-  _globals['_EXPLAINJOBREQUEST']._serialized_end=632
-  _globals['_EXPLAINJOBRESPONSE']._serialized_start=634
-  _globals['_EXPLAINJOBRESPONSE']._serialized_end=728
-  _globals['_LOGSREQUEST']._serialized_start=730
-  _globals['_LOGSREQUEST']._serialized_end=827
-  _globals['_JOBSERVICE']._serialized_start=830
-  _globals['_JOBSERVICE']._serialized_end=1306
+  _globals['_SUBMITJOBSREQUEST']._serialized_start=235
+  _globals['_SUBMITJOBSREQUEST']._serialized_end=298
+  _globals['_SUBMITJOBSRESPONSE']._serialized_start=300
+  _globals['_SUBMITJOBSRESPONSE']._serialized_end=354
+  _globals['_GETJOBREQUEST']._serialized_start=356
+  _globals['_GETJOBREQUEST']._serialized_end=387
+  _globals['_LISTJOBSREQUEST']._serialized_start=389
+  _globals['_LISTJOBSREQUEST']._serialized_end=513
+  _globals['_LISTJOBSRESPONSE']._serialized_start=515
+  _globals['_LISTJOBSRESPONSE']._serialized_end=589
+  _globals['_CANCELJOBREQUEST']._serialized_start=591
+  _globals['_CANCELJOBREQUEST']._serialized_end=625
+  _globals['_WATCHJOBREQUEST']._serialized_start=627
+  _globals['_WATCHJOBREQUEST']._serialized_end=660
+  _globals['_JOBEVENT']._serialized_start=662
+  _globals['_JOBEVENT']._serialized_end=716
+  _globals['_EXPLAINJOBREQUEST']._serialized_start=718
+  _globals['_EXPLAINJOBREQUEST']._serialized_end=753
+  _globals['_EXPLAINJOBRESPONSE']._serialized_start=755
+  _globals['_EXPLAINJOBRESPONSE']._serialized_end=849
+  _globals['_LOGSREQUEST']._serialized_start=851
+  _globals['_LOGSREQUEST']._serialized_end=948
+  _globals['_JOBSERVICE']._serialized_start=951
+  _globals['_JOBSERVICE']._serialized_end=1504
 # @@protoc_insertion_point(module_scope)

@@ -41,6 +41,11 @@ class JobServiceStub:
                 request_serializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
+        self.SubmitJobs = channel.unary_unary(
+                '/gosched.v1.JobService/SubmitJobs',
+                request_serializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobsRequest.SerializeToString,
+                response_deserializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobsResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/gosched.v1.JobService/GetJob',
                 request_serializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
@@ -78,6 +83,14 @@ class JobServiceServicer:
 
     def SubmitJob(self, request, context):
         """Admit a job. Idempotent by submission_id: a repeat returns the job first accepted under it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJobs(self, request, context):
+        """Admit many jobs in one call, all or none (the error names the job: "jobs[3].groups[0]...").
+        Each is idempotent by its submission_id, as in SubmitJob.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -130,6 +143,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.SubmitJob,
                     request_deserializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobRequest.FromString,
                     response_serializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'SubmitJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJobs,
+                    request_deserializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobsRequest.FromString,
+                    response_serializer=gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobsResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -189,6 +207,33 @@ class JobService:
             '/gosched.v1.JobService/SubmitJob',
             gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobRequest.SerializeToString,
             gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gosched.v1.JobService/SubmitJobs',
+            gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobsRequest.SerializeToString,
+            gosched_dot_proto_dot_v1_dot_jobs__pb2.SubmitJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
