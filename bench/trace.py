@@ -54,10 +54,12 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes
 
 
+def task_from_row(r: dict[str, str]) -> TraceTask:
+    """One row of `openb_pod_list_default.csv` (cpu_milli, memory_mib, num_gpu, gpu_milli, ...)."""
+    return TraceTask(int(r["cpu_milli"]), int(r["memory_mib"]) * MiB, int(r["num_gpu"]), int(r["gpu_milli"]))
+
+
 def load_tasks(path: Path) -> list[TraceTask]:
-    """Tasks from `openb_pod_list_default.csv` (cpu_milli, memory_mib, num_gpu, gpu_milli, ...)."""
+    """Tasks from `openb_pod_list_default.csv`, in file order."""
     with path.open(newline="") as f:
-        return [
-            TraceTask(int(r["cpu_milli"]), int(r["memory_mib"]) * MiB, int(r["num_gpu"]), int(r["gpu_milli"]))
-            for r in csv.DictReader(f)
-        ]
+        return [task_from_row(r) for r in csv.DictReader(f)]

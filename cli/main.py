@@ -81,8 +81,15 @@ def replay(
         str | None, typer.Option(help="openb trace folder (default ../shared/traces/openb-v2023).")
     ] = None,
     out: Annotated[str, typer.Option(help="Results folder.")] = "results/replay",
+    timed: Annotated[
+        bool, typer.Option("--timed", help="Replay creation/deletion times through a running master.")
+    ] = False,
+    compress: Annotated[float, typer.Option(help="--timed: trace seconds per wall second.")] = 100_000.0,
+    runtime: Annotated[str, typer.Option(help="--timed: 'ray' or 'local' (in process).")] = "ray",
+    limit_s: Annotated[float | None, typer.Option(help="--timed: stop after this many wall seconds.")] = None,
 ) -> None:
-    """Replay the Alibaba GPU trace (FGD's fill-until-full experiment) for each placement policy."""
+    """Replay the Alibaba GPU trace: FGD's fill-until-full experiment for each placement policy, or
+    (--timed) its arrivals and lifetimes in time through the running system."""
     from pathlib import Path
 
     from gosched.bench.replay import POLICIES, run_replay, table
@@ -100,6 +107,29 @@ def replay(
     if unknown:
         typer.echo(f"unknown policy {', '.join(unknown)} (known: {', '.join(POLICIES)})", err=True)
         raise typer.Exit(2)
+    if timed:
+        from gosched.bench.timed_replay import load_timed_tasks, run_timed_replay, summary, write_timed
+
+        if runtime not in ("ray", "local") or compress <= 0:
+            typer.echo("error: --runtime must be ray or local, and --compress > 0", err=True)
+            raise typer.Exit(2)
+        with typer.progressbar(length=100, label="replaying in time") as bar:
+            done = [0]
+
+            def advance(fraction: float) -> None:
+                step = int(fraction * 100) - done[0]
+                if step > 0:
+                    bar.update(step)
+                    done[0] += step
+
+            result = run_timed_replay(
+                load_nodes(node_csv), load_timed_tasks(task_csv), compress=compress, runtime=runtime,
+                limit_s=limit_s, progress=advance,
+            )
+        typer.echo(summary(result))
+        for path in write_timed(result, Path(out)):
+            typer.echo(f"wrote {path}")
+        return
     nodes, tasks = load_nodes(node_csv), load_tasks(task_csv)
     total = len(chosen) * seeds
     with typer.progressbar(length=total, label="replaying") as bar:

@@ -3,21 +3,25 @@ behaves like a real one from the outside (`gosched up --sim-nodes N`).
 
 A tick hook of the API service (scheduling thread, service lock held): every `period_s` it asks
 for the residents of the simulated nodes (every node no agent registered), marks the new ones
-running and ends those that have run `task_seconds`.
+running and ends those that have run their time: the job's label SIM_SECONDS_LABEL if it has one
+(the timed trace replay sets it per task), else `task_seconds`.
 """
 
 import time
 
+from gosched.common.job import split_task_id
 from gosched.common.node import AGENT_LABEL
 from gosched.common.states import TaskState
 from gosched.runtime.control import ControlPlane
+
+SIM_SECONDS_LABEL = "gosched.io/sim-seconds"
 
 
 class SimulatedTasks:
     def __init__(self, task_seconds: float, period_s: float = 0.1) -> None:
         self.task_seconds = task_seconds
         self.period_s = period_s
-        self._started: dict[str, float] = {}  # task id -> monotonic start
+        self._ends: dict[str, float] = {}  # task id -> monotonic time it ends
         self._last = 0.0
         self._names: list[str] | None = None
         self._names_at = 0.0
@@ -35,16 +39,26 @@ class SimulatedTasks:
         self._last = now
         per_node = control.residents(self._simulated_nodes(control, now))
         resident = {t for tids in per_node.values() for t in tids}
-        new = [t for t in resident if t not in self._started]
-        for t in new:
-            self._started[t] = now
-        done = [t for t, at in self._started.items() if now - at >= self.task_seconds and t in resident]
-        for t in [t for t in self._started if t not in resident]:  # cancelled or preempted meanwhile
-            del self._started[t]
+        new = [t for t in resident if t not in self._ends]
+        if new:
+            self._schedule_ends(control, new, now)
+        for t in [t for t in self._ends if t not in resident]:  # cancelled or preempted meanwhile
+            del self._ends[t]
+        done = [t for t, end in self._ends.items() if end <= now]
         if new:
             control.started(new)
         if done:
             control.finished(done, TaskState.SUCCEEDED)
             for t in done:
-                del self._started[t]
+                del self._ends[t]
         return bool(new or done)
+
+    def _schedule_ends(self, control: ControlPlane, new: list[str], now: float) -> None:
+        job_ids = sorted({split_task_id(t)[0] for t in new})
+        seconds: dict[str, float] = {}
+        for snap in control.jobs(job_ids, placements=False):
+            if snap is not None:
+                label = dict(snap.job.labels).get(SIM_SECONDS_LABEL)
+                seconds[snap.job.id] = float(label) if label else self.task_seconds
+        for t in new:
+            self._ends[t] = now + seconds.get(split_task_id(t)[0], self.task_seconds)
