@@ -227,6 +227,35 @@ class Client:
                 )
         raise GoschedError(f"watch of {job_id} ended early (last state {last.state.value if last else '?'})")
 
+    def logs(
+        self,
+        job_id: str,
+        task: int = 0,
+        *,
+        stream: str = "stdout",
+        follow: bool = False,
+        offset: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[bytes]:
+        """A task's output (`stream` "stdout" or "stderr") in chunks, from `offset` as far as the
+        master has it; with `follow`, then what comes until the task ends.
+
+        `timeout` bounds the whole stream (default: the unary timeout, none when following).
+        """
+        request = jobs_pb2.LogsRequest(
+            job_id=job_id, task_index=task, follow=follow, stream=stream, offset=offset
+        )
+        if timeout is None and not follow:  # a plain read ends on its own; a follow may run for hours
+            timeout = self.timeout
+        call = self._jobs.StreamLogs(request, timeout=timeout)
+        try:
+            for chunk in call:
+                yield bytes(chunk.data)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
     # -- cluster -----------------------------------------------------------------------------------
     def nodes(self, state: NodeState | None = None) -> builtins.list[NodeInfo]:
         request = cluster_pb2.ListNodesRequest(

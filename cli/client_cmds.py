@@ -1,7 +1,282 @@
-"""(being written)"""
+"""The commands that talk to a running master through the Python Client: submit, jobs, get,
+describe, cancel, logs, explain, nodes, queues, status, cordon, drain.
+
+Every command takes `--master HOST:PORT` (env GOSCHED_MASTER, default localhost:9090); the
+listing ones take `-o table|wide|json|yaml`. Exit codes are in gosched.cli.exits.
+"""
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Annotated
 
 import typer
+
+from gosched.api.client import Client, DeadlineExceeded, InvalidArgument
+from gosched.api.convert import JobInfo
+from gosched.cli import output as out
+from gosched.cli.exits import CliError, ExitCode, reported
+from gosched.cli.output import Format
+from gosched.cli.progress import Progress
+from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
+from gosched.common.node import NodeState
+from gosched.common.states import JobState
+
+DEFAULT_MASTER = "localhost:9090"
+CALL_TIMEOUT_S = 20.0  # per call: a master that does not answer by then counts as unavailable
+PAGE_SIZE = 500
+
+MasterOpt = Annotated[
+    str,
+    typer.Option("--master", envvar="GOSCHED_MASTER", help="The master's gRPC address, HOST:PORT."),
+]
+OutputOpt = Annotated[
+    Format, typer.Option("--output", "-o", case_sensitive=False, help="table, wide, json or yaml.")
+]
+JobArg = Annotated[str, typer.Argument(help="The job's id.", show_default=False)]
+NodeArg = Annotated[str, typer.Argument(help="The node's name.", show_default=False)]
+
+
+@contextlib.contextmanager
+def _client(master: str) -> Iterator[Client]:
+    """A Client for the command body; its errors become a message and an exit code."""
+    with reported(master), Client(master, timeout=CALL_TIMEOUT_S) as client:
+        yield client
+
+
+# == jobs ==========================================================================================
+def submit(
+    file: Annotated[
+        str | None, typer.Option("--file", "-f", help="Job spec, YAML or JSON ('-': stdin).")
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="GPUs per task: whole (2) or a share of one GPU (0.5).")
+    ] = None,
+    cpus: Annotated[
+        str | None, typer.Option("--cpus", "--cpu", help="CPU cores per task (4, 0.5, 500m).")
+    ] = None,
+    mem: Annotated[
+        str | None, typer.Option("--mem", "--memory", help="Memory per task (16Gi, 512Mi).")
+    ] = None,
+    replicas: Annotated[int | None, typer.Option(min=1, help="Tasks (default 1).")] = None,
+    min_member: Annotated[
+        int | None, typer.Option(min=1, help="Gang size: place none until this many fit (default 1).")
+    ] = None,
+    queue: Annotated[str | None, typer.Option(help="Queue (default: default).")] = None,
+    priority: Annotated[int | None, typer.Option(help="Priority within the queue (default 0).")] = None,
+    name: Annotated[str | None, typer.Option(help="The job's id (default: generated).")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Tenant (default: default).")] = None,
+    gpu_model: Annotated[
+        list[str] | None, typer.Option("--gpu-model", help="An acceptable GPU model (repeat, or a,b).")
+    ] = None,
+    selector: Annotated[
+        list[str] | None, typer.Option("--selector", help="Node label KEY=VALUE the node must have (repeat).")
+    ] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="Environment KEY=VALUE (repeat).")] = None,
+    submission_id: Annotated[
+        str | None, typer.Option(help="Idempotency key: submitting again returns the first job's id.")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the job to its end: exit 0 if it succeeded, 1 if not.")
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="With --wait: give up after this many seconds (exit 1).")
+    ] = None,
+    master: MasterOpt = DEFAULT_MASTER,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The command to run, after --, word by word.", show_default=False),
+    ] = None,
+) -> None:
+    """Submit a job from a file (-f) or from flags and the command after --; prints its id."""
+    flags = JobFlags(
+        command=tuple(command or ()),
+        cpus=cpus,
+        mem=mem,
+        gpus=gpus,
+        replicas=replicas,
+        gpu_models=tuple(gpu_model or ()),
+        selectors=tuple(selector or ()),
+        env=tuple(env or ()),
+        name=name,
+        tenant=tenant,
+        queue=queue,
+        priority=priority,
+        min_member=min_member,
+        submission_id=submission_id,
+    )
+    with _client(master) as client:
+        spec = build_spec(file, flags, sys.stdin)
+        try:
+            job_id = client.submit(spec)
+        except InvalidArgument as exc:
+            raise _name_the_flag(exc) if file is None else exc from None
+        typer.echo(job_id)
+        if wait:
+            _wait(client, job_id, timeout)
+
+
+def _name_the_flag(exc: InvalidArgument) -> InvalidArgument:
+    """Rewrite "cpu: ..." as "cpu (--cpus): ...", so an error in a spec built from flags names the flag."""
+    flag = flag_for(exc.field) if exc.field else None
+    if flag is None:
+        return exc
+    reason = exc.message.partition(": ")[2] or exc.message
+    return InvalidArgument(f"{exc.field} ({flag}): {reason}", field=exc.field)
+
+
+def _wait(client: Client, job_id: str, timeout: float | None) -> None:
+    """Show the job's progress until it ends; exit 1 unless it succeeded."""
+    progress = Progress(sys.stderr)
+    last: JobInfo | None = None
+    try:
+        for info in client.watch(job_id, timeout=timeout):
+            progress.show(info)
+            last = info
+    except DeadlineExceeded:
+        state = last.state.value if last else "unknown"
+        raise CliError(
+            f"gave up waiting after {timeout:g}s: job {job_id} is still {state} (it goes on)", ExitCode.FAILED
+        ) from None
+    finally:
+        progress.close()
+    if last is None or not last.final:
+        raise CliError(f"the watch of {job_id} ended before the job did", ExitCode.FAILED)
+    typer.echo(f"job {job_id} {last.state.value}", err=True)
+    if last.state is not JobState.SUCCEEDED:
+        raise typer.Exit(ExitCode.FAILED)
+
+
+def jobs(
+    state: Annotated[
+        JobState | None, typer.Option(case_sensitive=False, help="Only jobs in this state.")
+    ] = None,
+    queue: Annotated[str, typer.Option(help="Only jobs of this queue.")] = "",
+    tenant: Annotated[str, typer.Option(help="Only jobs of this tenant.")] = "",
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many (default: all).")] = None,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+) -> None:
+    """List jobs in submission order (every page, or --limit)."""
+    with _client(master) as client:
+        found = client.list(
+            state=state, queue=queue, tenant=tenant, page_size=min(limit or PAGE_SIZE, PAGE_SIZE), limit=limit
+        )
+    out.emit(
+        output,
+        lambda: [out.job_data(info) for info in found],
+        lambda: out.jobs_view(found, wide=output is Format.WIDE),
+    )
+
+
+def get(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """Show one job and its tasks with their nodes and GPUs."""
+    with _client(master) as client:
+        info = client.get(job)
+    out.emit(output, lambda: out.job_data(info, tasks=True), lambda: out.job_view(info))
+
+
+def describe(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """Show everything about a job: its spec, its tasks, and why it is where it is."""
+    with _client(master) as client:
+        info = client.get(job)
+        why = client.explain(job)
+    out.emit(
+        output,
+        lambda: {**out.job_data(info, tasks=True, spec=True), "explanation": why},
+        lambda: out.describe_view(info, why),
+    )
+
+
+def cancel(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """Cancel a job's unfinished tasks (exit 1 if it has already finished)."""
+    with _client(master) as client:
+        info = client.cancel(job)
+    out.emit(
+        output,
+        lambda: out.job_data(info, tasks=True),
+        lambda: f"job {info.id} {info.state.value}: {out.counts_text(info)}",
+    )
+
+
+def explain(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """Why a job is where it is, e.g. per filter how many nodes ruled it out."""
+    with _client(master) as client:
+        why = client.explain(job)
+    out.emit(output, lambda: {"id": job, "explanation": why}, lambda: why)
+
+
+def logs(
+    job: JobArg,
+    task: Annotated[int, typer.Option(min=0, help="The task's index within the job.")] = 0,
+    stderr: Annotated[bool, typer.Option("--stderr", help="The task's stderr instead of stdout.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new output until the task ends.")
+    ] = False,
+    master: MasterOpt = DEFAULT_MASTER,
+) -> None:
+    """Print a task's output as the master keeps it, byte for byte."""
+    sink = typer.get_binary_stream("stdout")
+    with _client(master) as client:
+        for data in client.logs(job, task, stream="stderr" if stderr else "stdout", follow=follow):
+            sink.write(data)
+            sink.flush()  # as it comes: someone may be watching
+
+
+# == cluster =======================================================================================
+def nodes(
+    state: Annotated[
+        NodeState | None, typer.Option(case_sensitive=False, help="Only nodes in this state.")
+    ] = None,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+) -> None:
+    """List nodes with their CPU, memory and GPUs used/total; -o wide adds labels, taints, GPUs."""
+    with _client(master) as client:
+        found = client.nodes(state)
+    out.emit(
+        output,
+        lambda: [out.node_data(n) for n in found],
+        lambda: out.nodes_view(found, wide=output is Format.WIDE),
+    )
+
+
+def cordon(
+    node: NodeArg,
+    undo: Annotated[bool, typer.Option("--undo", help="Uncordon: place new tasks there again.")] = False,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+) -> None:
+    """Stop placing new tasks on a node (its tasks stay); --undo resumes."""
+    with _client(master) as client:
+        info = client.cordon(node, uncordon=undo)
+    out.emit(output, lambda: out.node_data(info), lambda: out.node_line(info))
+
+
+def drain(node: NodeArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """Mark a node draining: no new tasks; its tasks stay until they end."""
+    with _client(master) as client:
+        info = client.drain(node)
+    out.emit(output, lambda: out.node_data(info), lambda: out.node_line(info))
+
+
+def queues(output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """List queues with their policy, guarantee, cap and current share."""
+    with _client(master) as client:
+        found = client.queues()
+    out.emit(output, lambda: [out.queue_data(q) for q in found], lambda: out.queues_view(found))
+
+
+def status(output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+    """The scheduler's status: readiness, capacity in use, job counts."""
+    with _client(master) as client:
+        found = client.status()
+    out.emit(output, lambda: found, lambda: out.status_view(found))
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `gosched` app."""
+    # Options end at the command's first word, so its own flags (python train.py --lr 1) stay its own.
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
+    for command in (jobs, get, describe, cancel, logs, explain, nodes, queues, status, cordon, drain):
+        app.command(command.__name__)(command)

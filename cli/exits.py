@@ -1,0 +1,102 @@
+"""Exit codes of the client commands, and the one place that turns an error into code and message.
+
+Scripts test these codes, so they are part of the interface:
+0 ok; 1 the job failed or a wait ended badly; 2 bad usage or an invalid spec; 3 not found;
+4 refused by admission (resource exhausted); 5 the master is unavailable.
+"""
+
+import contextlib
+import enum
+from collections.abc import Iterator
+
+import typer
+
+from gosched.api.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    GoschedError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from gosched.common.errors import SpecError
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    NOT_FOUND = 3
+    EXHAUSTED = 4
+    UNAVAILABLE = 5
+    INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+
+
+# First match wins; anything else the server says (INTERNAL, ...) is a plain failure.
+_CODES: tuple[tuple[type[GoschedError], ExitCode], ...] = (
+    (InvalidArgument, ExitCode.USAGE),
+    (AlreadyExists, ExitCode.USAGE),  # the server reports it as a spec error on `id`
+    (NotFound, ExitCode.NOT_FOUND),
+    (ResourceExhausted, ExitCode.EXHAUSTED),
+    (Unavailable, ExitCode.UNAVAILABLE),
+    (DeadlineExceeded, ExitCode.UNAVAILABLE),  # a unary call timed out: the master did not answer
+    (FailedPrecondition, ExitCode.FAILED),
+)
+
+
+class CliError(Exception):
+    """A problem found before or after talking to the master (an unreadable file, a bad flag)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def exit_code(exc: BaseException) -> ExitCode:
+    if isinstance(exc, CliError):
+        return exc.code
+    if isinstance(exc, SpecError):
+        return ExitCode.USAGE
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return ExitCode.FAILED
+
+
+def error_message(exc: BaseException, master: str) -> str:
+    """What the user reads on stderr: the server's own words, plus where they came from when the
+    master could not be reached."""
+    if isinstance(exc, CliError):
+        return exc.message
+    if isinstance(exc, SpecError):
+        return str(exc)  # "field: reason"
+    if isinstance(exc, Unavailable):
+        if "not ready" in exc.message:  # it answered: it is starting, or its scheduler stopped
+            return f"the master at {master} is not ready: {exc.message}"
+        return (
+            f"cannot reach the master at {master} (is it running? check --master or GOSCHED_MASTER)\n"
+            f"  {exc.message or 'unavailable'}"
+        )
+    if isinstance(exc, DeadlineExceeded):
+        return f"the master at {master} did not answer in time: {exc.message}"
+    if isinstance(exc, ResourceExhausted):
+        return f"refused by admission: {exc.message}"
+    if isinstance(exc, GoschedError):
+        return exc.message or exc.code.name
+    return str(exc)
+
+
+@contextlib.contextmanager
+def reported(master: str) -> Iterator[None]:
+    """Run a command body; an error becomes `error: ...` on stderr and its exit code."""
+    try:
+        yield
+    except (GoschedError, CliError, SpecError) as exc:
+        typer.echo(f"error: {error_message(exc, master)}", err=True)
+        raise typer.Exit(exit_code(exc)) from None
+    except KeyboardInterrupt:
+        typer.echo("", err=True)
+        raise typer.Exit(ExitCode.INTERRUPTED) from None

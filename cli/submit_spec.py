@@ -1,0 +1,138 @@
+"""The job spec `gosched submit` sends: read from a YAML/JSON file (or stdin), or built from flags.
+
+Flags build the flat form of common/spec.py (one group). With a file, the job-level flags
+(--name, --queue, --priority, ...) override the file's values; the task-level ones (--gpus,
+--env, the command, ...) belong in the file and are refused next to it. Validation itself is
+left to `job_from_spec` (through the Client), whose field paths `flag_for` maps back to flags.
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from gosched.cli.exits import CliError
+
+# spec key -> the flag that sets it
+TASK_FLAGS = {
+    "command": "the command after --",
+    "cpu": "--cpus",
+    "memory": "--mem",
+    "gpus": "--gpus",
+    "replicas": "--replicas",
+    "gpu_models": "--gpu-model",
+    "node_selector": "--selector",
+    "env": "--env",
+    "resources": "--cpus, --mem or --gpus",  # "requests nothing"
+}
+JOB_FLAGS = {
+    "id": "--name",
+    "tenant": "--tenant",
+    "queue": "--queue",
+    "priority": "--priority",
+    "min_member": "--min-member",
+    "submission_id": "--submission-id",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JobFlags:
+    """`gosched submit`'s flags; None or empty: not given."""
+
+    command: tuple[str, ...] = ()
+    cpus: str | None = None
+    mem: str | None = None
+    gpus: str | None = None
+    replicas: int | None = None
+    gpu_models: tuple[str, ...] = ()
+    selectors: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    name: str | None = None
+    tenant: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    min_member: int | None = None
+    submission_id: str | None = None
+
+    def task_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.command:
+            out["command"] = list(self.command)  # word by word, as given: no shell splitting
+        for key, value in (("cpu", self.cpus), ("memory", self.mem), ("gpus", self.gpus)):
+            if value is not None:
+                out[key] = value
+        if self.replicas is not None:
+            out["replicas"] = self.replicas
+        if self.gpu_models:
+            out["gpu_models"] = [m for item in self.gpu_models for m in _split_commas(item)]
+        if self.selectors:
+            items = [s for item in self.selectors for s in _split_commas(item)]
+            out["node_selector"] = key_values(items, "--selector")
+        if self.env:
+            out["env"] = key_values(self.env, "--env")  # values may hold commas: one per flag
+        return out
+
+    def job_fields(self) -> dict[str, Any]:
+        values = {
+            "id": self.name,
+            "tenant": self.tenant,
+            "queue": self.queue,
+            "priority": self.priority,
+            "min_member": self.min_member,
+            "submission_id": self.submission_id,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+
+def _split_commas(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def key_values(items: tuple[str, ...] | list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"{flag}: expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def read_spec_file(path: str, stdin: TextIO) -> dict[str, Any]:
+    """The mapping in a YAML or JSON file ("-": stdin); CliError naming the file if it is not one."""
+    name = "stdin" if path == "-" else path
+    try:
+        text = stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML too
+    except yaml.YAMLError as exc:
+        raise CliError(f"{name} is not valid YAML or JSON: {exc}") from None
+    if not isinstance(data, dict):
+        kind = "nothing" if data is None else type(data).__name__
+        raise CliError(f"{name}: a job spec must be a mapping of fields, got {kind}")
+    return data
+
+
+def build_spec(path: str | None, flags: JobFlags, stdin: TextIO) -> dict[str, Any]:
+    """The spec dict to submit, from the file at `path` (if given) and the flags."""
+    task = flags.task_fields()
+    if path is not None:
+        if task:
+            given = ", ".join(TASK_FLAGS[k] for k in task)
+            raise CliError(f"{given}: not with -f; put it in the job file")
+        return {**read_spec_file(path, stdin), **flags.job_fields()}
+    if "command" not in task:
+        raise CliError(
+            "nothing to submit: give a job file (-f job.yaml, -f - for stdin) or a command after --"
+        )
+    return {**task, **flags.job_fields()}
+
+
+def flag_for(field: str) -> str | None:
+    """The flag behind a spec field path of the flat form ("env['X']" -> "--env")."""
+    root = re.split(r"[.\[]", field, maxsplit=1)[0]
+    return TASK_FLAGS.get(root) or JOB_FLAGS.get(root)
