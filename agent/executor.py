@@ -105,6 +105,15 @@ class ShellExecutor:
         self.running[spec.task_id] = _Running(spec, proc, out_path, err_path, cgroup)
         return None
 
+    def pid(self, task_id: str) -> int | None:
+        """The process id of a running task (its process group id too: each task leads its own)."""
+        run = self.running.get(task_id)
+        return None if run is None else run.proc.pid
+
+    def cgroup_path(self, task_id: str) -> Path | None:
+        run = self.running.get(task_id)
+        return None if run is None or run.cgroup is None else run.cgroup.path
+
     def kill(self, task_id: str, grace_s: float = 10.0) -> bool:
         """SIGTERM the task's process group now, SIGKILL it after `grace_s` (see poll)."""
         run = self.running.get(task_id)

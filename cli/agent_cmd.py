@@ -1,7 +1,106 @@
-"""(being written)"""
+"""`gosched agent`: the node agent, which registers this machine with the master and runs the tasks
+bound to it."""
+
+import signal
+from types import FrameType
+from typing import Annotated
 
 import typer
+
+from gosched.common.node import Taint, TaintEffect
+from gosched.common.quantity import parse_bytes, parse_milli
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """ "k=v,k2=v2" -> {"k": "v", "k2": "v2"}."""
+    labels: dict[str, str] = {}
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"label {item!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def parse_taints(text: str) -> tuple[Taint, ...]:
+    """ "key=value:Effect,key2:NoExecute,key3" -> taints; the effect defaults to NoSchedule."""
+    taints = []
+    effects = ", ".join(e.value for e in TaintEffect)
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        body, colon, effect = item.rpartition(":") if ":" in item else (item, "", "")
+        key, _, value = body.partition("=")
+        if not key.strip():
+            raise ValueError(f"taint {item!r} has no key (key=value:Effect)")
+        try:
+            kind = TaintEffect(effect.strip()) if colon else TaintEffect.NO_SCHEDULE
+        except ValueError as exc:
+            raise ValueError(f"taint {item!r}: effect must be one of {effects}") from exc
+        taints.append(Taint(key.strip(), value.strip(), kind))
+    return tuple(taints)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `gosched` app."""
+
+    @app.command()
+    def agent(
+        master: Annotated[
+            str, typer.Option(help="The master's agent endpoint, HOST:PORT.")
+        ] = "localhost:9090",
+        name: Annotated[str | None, typer.Option(help="Node name (default: the hostname).")] = None,
+        labels: Annotated[str, typer.Option(help="Node labels k=v,k2=v2, over the discovered ones.")] = "",
+        taints: Annotated[
+            str, typer.Option(help="Node taints key=value:Effect,... (Effect: NoSchedule by default).")
+        ] = "",
+        cpus: Annotated[
+            str | None, typer.Option(help="CPUs to advertise, less than the machine's (e.g. 2, 1500m).")
+        ] = None,
+        memory: Annotated[
+            str | None, typer.Option(help="Memory to advertise, less than the machine's (e.g. 4Gi).")
+        ] = None,
+        work_dir: Annotated[
+            str | None,
+            typer.Option(help="Logs and state of the tasks (default ~/.gosched/agent/<name>)."),
+        ] = None,
+        grace: Annotated[
+            float, typer.Option(help="Seconds a task has to exit on SIGTERM when the agent stops.")
+        ] = 10.0,
+    ) -> None:
+        """Run the node agent: register this machine with the master and run the tasks bound to it."""
+        from gosched.agent.runner import AgentRunner, WorkDirBusy
+
+        try:
+            runner = AgentRunner(
+                master,
+                name,
+                work_dir=work_dir,
+                labels=parse_labels(labels),
+                taints=parse_taints(taints),
+                cpu_milli=None if cpus is None else parse_milli(cpus, "--cpus"),
+                memory=None if memory is None else parse_bytes(memory, "--memory"),
+                shutdown_grace_s=grace,
+                echo=typer.echo,
+            )
+        except ValueError as exc:  # QuantityError, SpecError (bad labels or taints)
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        machine = runner.machine
+        if runner.node.cpu_milli > machine.cpu_count * 1000 or runner.node.memory > machine.memory_bytes:
+            typer.echo("warning: advertising more CPUs or memory than this machine has", err=True)
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            typer.echo(f"{signal.Signals(signum).name}: stopping")
+            runner.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            runner.run()
+        except WorkDirBusy as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        typer.echo("agent stopped")

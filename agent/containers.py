@@ -1,0 +1,95 @@
+"""Tasks with an image run in a container through docker or podman, whichever is installed.
+
+The task's process is the runtime's `run` client, attached (no -d): its exit code is the
+container's, its output is the container's, and a SIGTERM to it is passed on to the container.
+A SIGKILL is not, so a container is also removed by name once its client is gone.
+"""
+
+import contextlib
+import shlex
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNTIMES = ("docker", "podman")
+NO_RUNTIME = "no container runtime (docker or podman) on this node"
+
+
+def find_runtime() -> str | None:
+    """The path of the first container runtime on PATH, or None."""
+    for name in RUNTIMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def container_name(task_id: str) -> str:
+    """A container name for the task ([a-zA-Z0-9][a-zA-Z0-9_.-]*, as docker wants)."""
+    safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in task_id)
+    return f"gosched-{safe}"
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    runtime: str  # path of the docker or podman program
+    name: str
+
+    @property
+    def is_podman(self) -> bool:
+        return "podman" in Path(self.runtime).name
+
+    def run_argv(
+        self,
+        image: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        gpus: Sequence[int],
+        cpu_milli: int = 0,
+        memory: int = 0,
+    ) -> list[str]:
+        argv = [self.runtime, "run", "--rm", "--name", self.name]
+        if self.is_podman:
+            argv.append("--replace")  # a container of the same name left by a crash is replaced
+        visible = ",".join(str(g) for g in gpus)
+        if gpus and self.is_podman:
+            # The NVIDIA hook exposes these; inside, they are numbered from 0 again.
+            argv += ["-e", f"NVIDIA_VISIBLE_DEVICES={visible}"]
+        elif gpus:
+            argv += ["--gpus", f'"device={visible}"']  # quoted: docker reads this value as CSV
+        for key, value in env.items():
+            argv += ["-e", f"{key}={value}"]
+        if cpu_milli > 0:
+            argv += ["--cpus", f"{cpu_milli / 1000:g}"]
+        if memory > 0:
+            argv += ["--memory", str(memory)]
+        argv.append(image)
+        if len(command) == 1:
+            argv += ["sh", "-c", command[0]]
+        else:
+            argv += list(command)  # empty: the image's own entrypoint
+        return argv
+
+    def shell_command(self, run_argv: Sequence[str]) -> str:
+        """One shell line: remove a leftover container of this name (docker cannot replace), then
+        exec the run client, so that the task's process is the client itself."""
+        rm = shlex.join([self.runtime, "rm", "-f", self.name])
+        return f"{rm} >/dev/null 2>&1; exec {shlex.join(run_argv)}"
+
+    def remove_soon(self) -> None:
+        """Remove the container in the background (the client may have been SIGKILLed)."""
+
+        def remove() -> None:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    [self.runtime, "rm", "-f", self.name],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=60,
+                    check=False,
+                )
+
+        threading.Thread(target=remove, name=f"rm-{self.name}", daemon=True).start()

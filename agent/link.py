@@ -1,0 +1,177 @@
+"""The agent's connection to the master: Register, then one Connect stream, again and again.
+
+Whenever the stream breaks or the master cannot be reached, the link registers anew with backoff
+(0.2 s doubling to 5 s); tasks keep running meanwhile. Each registration starts a session: its
+first message is a heartbeat, then whatever waits in the outbox, stamped with the session's ids.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from gosched.agent.outbox import Outbox
+from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("gosched.agent")
+BACKOFF_FIRST_S = 0.2
+BACKOFF_MAX_S = 5.0
+STABLE_SESSION_S = 5.0  # a session that lasted this long starts the backoff over
+REGISTER_TIMEOUT_S = 5.0
+TAKE_WAIT_S = 0.2  # how often a stream's sender looks whether its session has closed
+# Pings find a master that vanished without closing the connection. Servers refuse pings more
+# often than every 5 minutes by default while they send nothing (GOAWAY "too_many_pings").
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 300_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+]
+
+
+@dataclass(slots=True)
+class Session:
+    node_name: str
+    session_id: str
+    heartbeat_s: float
+    closed: threading.Event = field(default_factory=threading.Event)
+    call: grpc.Future | None = None  # the Connect call, once made
+
+
+class MasterLink:
+    def __init__(
+        self,
+        master: str,
+        register_request: Callable[[], agent_pb2.RegisterRequest],
+        registered: Callable[[agent_pb2.RegisterResponse], agent_pb2.AgentMessage],
+        on_message: Callable[[agent_pb2.SchedulerMessage], None],
+        outbox: Outbox,
+        echo: Callable[[str], None],
+    ) -> None:
+        """`registered` reconciles after each registration and returns the session's first heartbeat."""
+        self.master = master
+        self._register_request = register_request
+        self._registered = registered
+        self._on_message = on_message
+        self.outbox = outbox
+        self.echo = echo
+        self._lock = threading.Lock()
+        self._session: Session | None = None
+        self._channel: grpc.Channel | None = None
+        self._stop = threading.Event()
+        self._draining = threading.Event()  # closing: end the request stream once the outbox is empty
+        self.sessions_started = 0
+
+    @property
+    def session(self) -> Session | None:
+        """The open session, if the stream is up."""
+        with self._lock:
+            return self._session
+
+    def close(self, drain_s: float = 2.0) -> None:
+        """Stop reconnecting and end the stream: the outbox is sent first, then the stream is
+        half-closed so that the master ends it; cancelled if that takes longer than `drain_s`."""
+        self._stop.set()
+        self._draining.set()
+        self.outbox.wake()
+        deadline = time.monotonic() + drain_s
+        while self.session is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with self._lock:
+            session, channel = self._session, self._channel
+        if session is not None:
+            session.closed.set()
+        if channel is not None:
+            channel.close()  # also cancels a Register or Connect in flight
+        self.outbox.wake()
+
+    def run(self) -> None:
+        backoff = BACKOFF_FIRST_S
+        unreachable_said = False
+        while not self._stop.is_set():
+            channel = grpc.insecure_channel(self.master, options=CHANNEL_OPTIONS)
+            with self._lock:
+                self._channel = channel
+            if self._stop.is_set():  # close() came before the channel was there to close
+                channel.close()
+                return
+            try:
+                stub = agent_pb2_grpc.AgentServiceStub(channel)
+                try:
+                    response = stub.Register(self._register_request(), timeout=REGISTER_TIMEOUT_S)
+                except grpc.RpcError as exc:
+                    if self._stop.is_set():
+                        return
+                    if not unreachable_said:
+                        self.echo(f"cannot register with the master at {self.master}: {_why(exc)}; retrying")
+                        unreachable_said = True
+                else:
+                    unreachable_said = False
+                    started = time.monotonic()
+                    try:
+                        why = self._stream(stub, response)
+                    except Exception as exc:  # a bug here must not end the agent's link for good
+                        log.exception("the session with the master failed")
+                        why = f"internal error: {exc}"
+                    if self._stop.is_set():
+                        return
+                    self.echo(f"lost the master ({why}); reconnecting")
+                    if time.monotonic() - started >= STABLE_SESSION_S:
+                        backoff = BACKOFF_FIRST_S
+            finally:
+                with self._lock:
+                    self._channel = None
+                channel.close()
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _stream(self, stub: agent_pb2_grpc.AgentServiceStub, response: agent_pb2.RegisterResponse) -> str:
+        """Hold one session's stream until it breaks; returns why it ended."""
+        first = self._registered(response)
+        session = Session(response.node_name, response.session_id, response.heartbeat_interval_s)
+        call = stub.Connect(self._requests(session, first))
+        session.call = call
+        with self._lock:
+            self._session = session
+        self.sessions_started += 1
+        if self._stop.is_set():
+            call.cancel()
+        why = "the stream ended"
+        try:
+            for msg in call:
+                self._on_message(msg)
+        except grpc.RpcError as exc:
+            why = _why(exc)
+        finally:
+            session.closed.set()
+            with self._lock:
+                self._session = None
+            self.outbox.wake()
+        return why
+
+    def _requests(self, session: Session, first: agent_pb2.AgentMessage) -> Iterator[agent_pb2.AgentMessage]:
+        yield _stamped(first, session)
+        while not session.closed.is_set():
+            msg = self.outbox.take(TAKE_WAIT_S)
+            if msg is None:
+                if self._draining.is_set():
+                    return  # half-close: the master ends the stream once it has read everything
+                continue
+            if session.closed.is_set() or (session.call is not None and session.call.done()):
+                self.outbox.put_front(msg)  # for the next session: this stream would drop it
+                return
+            yield _stamped(msg, session)
+
+
+def _stamped(msg: agent_pb2.AgentMessage, session: Session) -> agent_pb2.AgentMessage:
+    msg.node_name = session.node_name
+    msg.session_id = session.session_id
+    return msg
+
+
+def _why(exc: grpc.RpcError) -> str:
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    name = code.name if code is not None else "error"
+    return f"{name}: {details}" if details else name

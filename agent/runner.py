@@ -1,0 +1,331 @@
+"""The node agent process: registers this machine with the master and runs the tasks bound to it.
+
+    runner = AgentRunner("master:9090", name="gpu-07")
+    runner.run()          # until stop(): another thread, or a signal handler, calls it
+
+Three threads: the link (Register + the Connect stream, reconnecting; launches and kills arrive
+there), the worker (every TICK_S: notices exits, restarts services, ships logs, final statuses and
+heartbeats into the outbox), and the caller's, which waits for stop() and then shuts down: kills
+the tasks with a grace period, lets their last output and statuses go out, and returns.
+"""
+
+import contextlib
+import fcntl
+import importlib.metadata
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any
+
+from gosched.agent import cgroups
+from gosched.agent.containers import find_runtime
+from gosched.agent.discovery import discover, load_nvml
+from gosched.agent.executor import ShellExecutor
+from gosched.agent.link import MasterLink
+from gosched.agent.outbox import Outbox, task_of
+from gosched.agent.state import StateFile
+from gosched.agent.tasks import TaskTable
+from gosched.agent.usage import UsageSampler
+from gosched.api.convert import node_from_proto, node_to_proto
+from gosched.common.node import Node, Taint
+from gosched.proto.v1 import agent_pb2
+
+log = logging.getLogger("gosched.agent")
+
+AUTO = "auto"  # container_runtime: find docker or podman on PATH
+TICK_S = 0.05
+LOG_INTERVAL_S = 0.2  # a running task's new output goes up at most this often
+LOG_CHUNKS_PER_TICK = 16  # per stream of a task, 64 KiB each
+OUTBOX_HIGH = 256  # no more log chunks while this many messages wait (a slow or absent master)
+STATE_SAVE_S = 1.0  # shipped log offsets are written to the state file at most this often
+FLUSH_ON_STOP_S = 3.0  # how long a stopping agent waits for its last messages to go out
+# The tasks of a stopping agent did not fail: "lost:" has the master queue them again elsewhere.
+SHUTDOWN_MESSAGE = "lost: agent shutdown"
+
+
+class WorkDirBusy(RuntimeError):
+    """Another agent process holds the work dir."""
+
+
+def agent_version() -> str:
+    try:
+        return importlib.metadata.version("gosched")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def default_work_dir(name: str) -> Path:
+    return Path.home() / ".gosched" / "agent" / name
+
+
+class AgentRunner:
+    def __init__(
+        self,
+        master: str = "localhost:9090",
+        name: str | None = None,
+        *,
+        work_dir: str | Path | None = None,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Taint] = (),
+        cpu_milli: int | None = None,
+        memory: int | None = None,
+        container_runtime: str | None = AUTO,
+        shutdown_grace_s: float = 10.0,
+        echo: Callable[[str], None] | None = None,
+        nvml: Any = AUTO,
+    ) -> None:
+        """`cpu_milli` / `memory` advertise less than the machine has; `container_runtime` is the
+        docker/podman program for tasks with an image (AUTO: look on PATH, None: none); `nvml` an
+        initialised pynvml-like module (AUTO: load pynvml, None: a CPU-only node)."""
+        self.master = master
+        self.name = name or socket.gethostname()
+        self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir(self.name)
+        self.shutdown_grace_s = shutdown_grace_s
+        self.echo = echo or log.info
+        self._nvml: Any
+        self._nvml, nvml_status = load_nvml() if nvml is AUTO else (nvml, "given" if nvml else "none given")
+        self.machine = discover(self._nvml, nvml_status)
+        node = self.machine.to_node(self.name, dict(labels or {}), tuple(taints))
+        if cpu_milli is not None:
+            node = replace(node, cpu_milli=cpu_milli)
+        if memory is not None:
+            node = replace(node, memory=memory)
+        self.node: Node = node_from_proto(node_to_proto(node))  # validated as the master will
+        self.container_runtime = find_runtime() if container_runtime == AUTO else container_runtime
+        self.limits = "none: not started"
+        self.node_name = self.name  # as the master calls it, once registered
+        self.registered = threading.Event()
+
+        self._lock = threading.Lock()  # guards the task table (the link and the worker both use it)
+        self._stop = threading.Event()
+        self._kill_on_stop = True
+        self._done = threading.Event()
+        self._outbox = Outbox()
+        self._usage = UsageSampler(self._nvml)
+        self._state = StateFile(self.work_dir / "state.json")
+        self._tasks: TaskTable | None = None
+        self._held: list[agent_pb2.TaskStatus] = []  # RUNNING reports waiting for the state file
+        self._link = MasterLink(
+            master, self._register_request, self._on_registered, self._on_message, self._outbox, self.echo
+        )
+        self._next_heartbeat = 0.0
+        self._heartbeat_s = 1.0
+        self._next_logs = 0.0
+        self._offsets_moved = False
+        self._last_save = 0.0
+
+    # -- public ---------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Run until stop(); then kill the tasks (unless stop(kill_tasks=False)) and return."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive(self.work_dir / "agent.lock"):
+            tasks = self._start_tasks()
+            worker = threading.Thread(target=self._work, name="agent-worker", daemon=True)
+            link = threading.Thread(target=self._link.run, name="agent-link", daemon=True)
+            worker.start()
+            link.start()
+            try:
+                while not self._stop.wait(0.5):
+                    pass
+                self._shut_down(tasks)
+            finally:
+                self._done.set()
+                worker.join(5)
+                self._link.close()
+                link.join(5)
+                with self._lock:
+                    self._state.save(tasks.snapshot())  # what still runs, for the next agent
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+
+    def stop(self, kill_tasks: bool = True) -> None:
+        """Ask run() to return. With kill_tasks=False the tasks keep running and the next agent
+        started on this work dir adopts them."""
+        self._kill_on_stop = kill_tasks
+        self._stop.set()
+
+    @property
+    def connected(self) -> bool:
+        return self._link.session is not None
+
+    def running_task_ids(self) -> list[str]:
+        with self._lock:
+            return [] if self._tasks is None else self._tasks.running_ids()
+
+    # -- start and stop -------------------------------------------------------------------------------
+    def _start_tasks(self) -> TaskTable:
+        support = cgroups.detect()
+        if support.available:
+            self.limits = "cgroup v2 (cpu, memory)"
+        else:
+            self.limits = f"none: {support.reason}"
+            self.echo(f"tasks run without CPU/memory limits ({support.reason})")
+        executor = ShellExecutor(self.work_dir / "logs", support)
+        tasks = TaskTable(executor, self._report, self.container_runtime, self.echo)
+        saved = self._state.load()
+        if saved:
+            alive = tasks.adopt(saved)
+            self.echo(f"adopted {alive} running task(s) of the previous agent; {len(saved) - alive} ended")
+        with self._lock:
+            self._tasks = tasks
+        return tasks
+
+    def _shut_down(self, tasks: TaskTable) -> None:
+        if not self._kill_on_stop:
+            return
+        with self._lock:
+            count = len(tasks.running_ids())
+            tasks.kill_all(SHUTDOWN_MESSAGE, self.shutdown_grace_s)
+        if count:
+            self.echo(f"stopping: killing {count} task(s)")
+        deadline = time.monotonic() + self.shutdown_grace_s + 5
+        while time.monotonic() < deadline and self._locked(tasks.has_processes):
+            time.sleep(TICK_S)
+        # Their last output and final statuses go out if the master is there to take them.
+        deadline = time.monotonic() + FLUSH_ON_STOP_S
+        while time.monotonic() < deadline and self.connected:
+            if not self._locked(tasks.has_unreported) and not len(self._outbox):
+                break
+            time.sleep(TICK_S)
+
+    def _locked(self, fn: Callable[[], bool]) -> bool:
+        with self._lock:
+            return fn()
+
+    # -- the link's callbacks (its thread) ----------------------------------------------------------
+    def _register_request(self) -> agent_pb2.RegisterRequest:
+        return agent_pb2.RegisterRequest(
+            node=node_to_proto(self.node), agent_version=agent_version(), limits=self.limits
+        )
+
+    def _on_registered(self, response: agent_pb2.RegisterResponse) -> agent_pb2.AgentMessage:
+        expected = set(response.expected_task_ids)
+        with self._lock:
+            tasks = self._tasks
+            assert tasks is not None
+            resend = tasks.reconcile(expected)
+            # Queued messages of tasks the master does not expect concern nobody any more.
+            self._outbox.keep_only(lambda m: task_of(m) in expected)
+            queued = self._outbox.final_status_ids()
+            for status in resend:
+                if status.task_id not in queued:
+                    self._outbox.put(agent_pb2.AgentMessage(task_status=status))
+            running = tasks.running_ids()
+            self._heartbeat_s = response.heartbeat_interval_s if response.heartbeat_interval_s > 0 else 1.0
+            self._next_heartbeat = time.monotonic() + self._heartbeat_s
+        self.node_name = response.node_name or self.name
+        node = self.node
+        again = " again" if self.registered.is_set() else ""
+        self.echo(
+            f"registered{again} as {self.node_name} with {node.cpu_milli / 1000:g} CPUs, "
+            f"{node.memory / 2**30:.1f} GiB memory, {len(node.gpus)} GPUs "
+            f"({len(running)} task(s) running, {len(expected)} expected)"
+        )
+        self.registered.set()
+        return self._heartbeat(running)
+
+    def _on_message(self, msg: agent_pb2.SchedulerMessage) -> None:
+        body = msg.WhichOneof("body")
+        if body == "launch" and self._stop.is_set():
+            return  # stopping: nothing new starts (the master sees the node go)
+        try:
+            with self._lock:
+                assert self._tasks is not None
+                if body == "launch":
+                    self._tasks.launch(msg.launch)
+                elif body == "kill":
+                    self._tasks.kill(msg.kill.task_id, msg.kill.grace_period_s, msg.kill.reason)
+                self._release(self._tasks, time.monotonic())
+        except Exception:  # one bad message must not take the stream down
+            log.exception("could not handle %s from the master", body)
+
+    def _report(self, status: agent_pb2.TaskStatus) -> None:
+        self._held.append(status)  # until the state file knows the task (see _release)
+
+    def _release(self, tasks: TaskTable, now: float) -> None:
+        """Write the state file if the tasks changed, then let their RUNNING reports go: a master
+        told that a task runs can count on a restarted agent to know it too."""
+        if tasks.dirty or (self._offsets_moved and now - self._last_save >= STATE_SAVE_S):
+            self._save(tasks, now)
+        for status in self._held:
+            self._outbox.put(agent_pb2.AgentMessage(task_status=status))
+        self._held.clear()
+
+    def _heartbeat(self, running: list[str]) -> agent_pb2.AgentMessage:
+        beat = agent_pb2.Heartbeat(time=time.time(), usage=self._usage.sample(), running_task_ids=running)
+        return agent_pb2.AgentMessage(heartbeat=beat)
+
+    # -- the worker -----------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._done.is_set():
+            try:
+                self._tick()
+            except Exception:  # keep supervising the tasks whatever one tick hit
+                log.exception("agent tick failed")
+            self._done.wait(TICK_S)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        session = self._link.session
+        beat: list[str] | None = None
+        with self._lock:
+            tasks = self._tasks
+            assert tasks is not None
+            tasks.poll()
+            if session is not None:
+                self._ship(tasks, now >= self._next_logs)
+                if now >= self._next_logs:
+                    self._next_logs = now + LOG_INTERVAL_S
+                if now >= self._next_heartbeat and not self._stop.is_set():  # stopping: the node goes
+                    self._next_heartbeat = now + self._heartbeat_s
+                    beat = tasks.running_ids()
+            self._release(tasks, now)
+        if beat is not None:
+            self._outbox.put(self._heartbeat(beat))
+
+    def _ship(self, tasks: TaskTable, logs_due: bool) -> None:
+        """New output of the tasks; an ended task's last output, then its final status."""
+        for task_id, rec in list(tasks.records.items()):
+            if rec.stale or (rec.final is None and not logs_due):
+                continue
+            if len(self._outbox) >= OUTBOX_HIGH:
+                return
+            for chunk in rec.logs.chunks(LOG_CHUNKS_PER_TICK):
+                self._outbox.put(agent_pb2.AgentMessage(log=chunk))
+                self._offsets_moved = True
+            if rec.final is not None and rec.logs.at_end():
+                self._outbox.put(agent_pb2.AgentMessage(task_status=rec.final))
+                tasks.finish(task_id)
+
+    def _save(self, tasks: TaskTable, now: float) -> None:
+        try:
+            self._state.save(tasks.snapshot())
+        except OSError as exc:
+            log.warning("could not write the agent state %s: %s", self._state.path, exc)
+        tasks.dirty = False
+        self._offsets_moved = False
+        self._last_save = now
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold a lock on the work dir: two agents on one state file would fight over the tasks."""
+    handle: IO[str] = path.open("a")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise WorkDirBusy(f"another agent is using {path.parent}") from exc
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()

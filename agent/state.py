@@ -1,0 +1,74 @@
+"""The agent's state file: the tasks it runs, so that a restarted agent can adopt them again.
+
+A small JSON file in the work dir, replaced atomically on every write (a crash mid-write leaves
+the previous version). Unreadable state is set aside, never fatal: those tasks are then unknown.
+"""
+
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gosched.proto.v1 import agent_pb2
+
+log = logging.getLogger("gosched.agent")
+VERSION = 1
+
+
+@dataclass(slots=True)
+class SavedTask:
+    task_id: str
+    launch: str  # the LaunchTask message, serialized and base64-encoded
+    pid: int  # 0: no process (a service waiting to restart, or ended)
+    create_time: float
+    stdout: str
+    stderr: str
+    stdout_offset: int = 0  # bytes already shipped to the master
+    stderr_offset: int = 0
+    container_runtime: str = ""
+    container_name: str = ""
+    cgroup: str = ""
+    final_state: int = 0  # a TaskState once it ended and its status is not yet sent; 0: not ended
+    final_exit_code: int = 0
+    final_message: str = ""
+
+    @staticmethod
+    def encode_launch(msg: agent_pb2.LaunchTask) -> str:
+        return base64.b64encode(msg.SerializeToString()).decode()
+
+    def decode_launch(self) -> agent_pb2.LaunchTask:
+        msg = agent_pb2.LaunchTask()
+        msg.ParseFromString(base64.b64decode(self.launch))
+        return msg
+
+
+class StateFile:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> list[SavedTask]:
+        try:
+            data = json.loads(self.path.read_text())
+            if data.get("version") != VERSION:
+                raise ValueError(f"unknown state version {data.get('version')!r}")
+            names = {f.name for f in dataclasses.fields(SavedTask)}
+            return [SavedTask(**{k: v for k, v in t.items() if k in names}) for t in data["tasks"]]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            aside = self.path.with_suffix(".bad")
+            log.warning("unreadable agent state %s (%s): set aside as %s", self.path, exc, aside)
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            return []
+
+    def save(self, tasks: list[SavedTask]) -> None:
+        data = {"version": VERSION, "tasks": [dataclasses.asdict(t) for t in tasks]}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+

@@ -1,0 +1,403 @@
+"""The tasks this agent runs: launches, kills, exits, service restarts, and the tasks adopted from
+a previous agent process.
+
+Not thread-safe: the runner calls it under its lock. RUNNING statuses go out at once through
+`report`; a task's final status waits in its record (`final`) until the runner has shipped the
+task's last log bytes, and `finish` then forgets the task.
+"""
+
+import logging
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, cast
+
+from google.protobuf.message import DecodeError
+
+from gosched.agent.adopted import AdoptedProcess, create_time, same_process_alive
+from gosched.agent.cgroups import TaskCgroup
+from gosched.agent.containers import NO_RUNTIME, Container, container_name
+from gosched.agent.executor import ShellExecutor, TaskExit, TaskSpec
+from gosched.agent.logship import TaskLogs
+from gosched.agent.state import SavedTask
+from gosched.proto.v1 import agent_pb2, types_pb2
+
+log = logging.getLogger("gosched.agent")
+
+if TYPE_CHECKING:
+    State: TypeAlias = types_pb2.TaskState  # how the generated stubs type an enum value
+else:
+    State = int
+
+RUNNING = types_pb2.TASK_STATE_RUNNING
+SUCCEEDED = types_pb2.TASK_STATE_SUCCEEDED
+FAILED = types_pb2.TASK_STATE_FAILED
+NO_EXIT_CODE = -1  # the task never ran, or its exit code cannot be known
+LOST_HERE = "lost: not running on this node"
+LOST_RESTART = "lost: agent restarted"
+EXIT_UNKNOWN = "exit code unknown (agent restarted)"
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+STABLE_RUN_S = 60.0  # a service that ran this long before failing starts its backoff over
+STALE_GRACE_S = 5.0  # the master may already run a stale task elsewhere: do not wait long
+FINISHED_KEPT = 1024  # final statuses (and log files) kept, to resend if the master did not get them
+
+
+def task_status(task_id: str, state: State, exit_code: int = 0, message: str = "") -> agent_pb2.TaskStatus:
+    return agent_pb2.TaskStatus(
+        task_id=task_id,
+        state=state,
+        exit_code=exit_code,
+        message=message,
+        time=time.time(),
+    )
+
+
+def launch_env(msg: agent_pb2.LaunchTask) -> dict[str, str]:
+    """What the task learns about itself, under the task's own env (which wins)."""
+    env = {
+        "GOSCHED_JOB_ID": msg.job_id,
+        "GOSCHED_TASK_INDEX": str(msg.index),
+        "GOSCHED_TASK_ROLE": msg.role,
+        "GOSCHED_ATTEMPT": str(msg.attempt),
+    }
+    env.update(msg.env)
+    return env
+
+
+def gpu_indexes(msg: agent_pb2.LaunchTask) -> list[int]:
+    """The GPUs the task may see: a share of a GPU still exposes the whole device."""
+    return list(dict.fromkeys(g.index for g in msg.gpus))
+
+
+def describe_exit(end: TaskExit, killed: str | None, container: bool) -> tuple[State, int, str]:
+    """(state, exit code, message) of a task's process exit. A death by signal N is exit 128+N."""
+    if end.reason == "failed_to_start":
+        return FAILED, NO_EXIT_CODE, f"failed to start: {end.message}"
+    code = end.exit_code
+    exit_code = NO_EXIT_CODE if code is None else (128 - code if code < 0 else code)
+    if end.reason == "oom_killed":
+        return FAILED, exit_code, "OOM killed"
+    if killed is not None:
+        return FAILED, exit_code, killed
+    if code == 0:
+        return SUCCEEDED, 0, ""
+    if code is not None and code < 0:
+        return FAILED, exit_code, f"killed by signal {signal.Signals(-code).name}"
+    if container and code == 125:
+        return FAILED, exit_code, "exit code 125 (the container runtime could not run it)"
+    return FAILED, exit_code, f"exit code {code}"
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    launch: agent_pb2.LaunchTask
+    logs: TaskLogs
+    container: Container | None = None
+    pid: int = 0
+    created: float = 0.0  # the process's creation time: with the pid, what identifies it
+    cgroup: str = ""
+    adopted: AdoptedProcess | None = None  # set when a previous agent process started it
+    started_at: float = 0.0  # monotonic, of the current run
+    restarts: int = 0
+    backoff_s: float = BACKOFF_FIRST_S
+    restart_at: float | None = None  # a failed service waiting for its restart
+    restart_why: str = ""
+    killed: str | None = None  # set when killed on purpose: the message of its final status
+    stale: bool = False  # the master does not expect it: killed, never reported
+    final: agent_pb2.TaskStatus | None = None  # it ended; sent once its logs are shipped
+    relaunch: agent_pb2.LaunchTask | None = None  # a launch that waits for the stale run to end
+
+    @property
+    def task_id(self) -> str:
+        return self.launch.task_id
+
+    @property
+    def has_process(self) -> bool:
+        return self.final is None and self.restart_at is None
+
+
+class TaskTable:
+    def __init__(
+        self,
+        executor: ShellExecutor,
+        report: Callable[[agent_pb2.TaskStatus], None],
+        container_runtime: str | None,
+        echo: Callable[[str], None],
+    ) -> None:
+        self.executor = executor
+        self.report = report
+        self.container_runtime = container_runtime
+        self.echo = echo
+        self.records: dict[str, TaskRecord] = {}
+        self.finished: OrderedDict[str, agent_pb2.TaskStatus] = OrderedDict()
+        self.dirty = False  # the set of tasks changed since the state file was written
+
+    # -- commands from the master --------------------------------------------------------------------
+    def launch(self, msg: agent_pb2.LaunchTask) -> None:
+        rec = self.records.get(msg.task_id)
+        if rec is not None:
+            if rec.stale:
+                rec.relaunch = msg  # started once the stale run is gone, so never two at once
+                return
+            if rec.final is None:
+                return  # running (or a service about to restart): a resent launch
+            del self.records[msg.task_id]  # ended, not yet reported: this launch supersedes it
+        self.finished.pop(msg.task_id, None)
+        self._start(msg)
+
+    def kill(self, task_id: str, grace_s: float, reason: str, message: str | None = None) -> None:
+        """SIGTERM, SIGKILL after the grace; the final status says `message` (default "killed: <reason>")."""
+        rec = self.records.get(task_id)
+        if rec is None or rec.final is not None or rec.stale or rec.killed is not None:
+            return  # not running, or already being killed
+        message = message or f"killed: {reason or 'no reason given'}"
+        if rec.restart_at is not None:
+            rec.restart_at = None
+            rec.final = task_status(task_id, FAILED, NO_EXIT_CODE, message)
+            self._say_end(rec.final)
+            self.dirty = True
+            return
+        rec.killed = message
+        self._signal(rec, grace_s)
+
+    def kill_all(self, message: str, grace_s: float) -> None:
+        for rec in list(self.records.values()):
+            rec.relaunch = None
+            if not rec.stale:
+                self.kill(rec.task_id, grace_s, "", message)
+
+    # -- what happened -------------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Notice exits (and escalate kills), restart services whose backoff has run out."""
+        for end in self.executor.poll():
+            rec = self.records.get(end.task_id)
+            if rec is not None and rec.adopted is None:
+                self._ended(rec, *describe_exit(end, rec.killed, rec.container is not None))
+        now = time.monotonic()
+        for rec in list(self.records.values()):
+            if rec.adopted is not None and rec.has_process and rec.adopted.ended():
+                rec.adopted = None
+                self._ended(rec, *self._adopted_exit(rec))
+            elif rec.restart_at is not None and now >= rec.restart_at:
+                self._restart(rec)
+
+    def finish(self, task_id: str) -> None:
+        """The task's final status has been handed to the stream: forget it, but remember the status."""
+        rec = self.records.pop(task_id, None)
+        if rec is None or rec.final is None:
+            return
+        self.finished[task_id] = rec.final
+        self.finished.move_to_end(task_id)
+        while len(self.finished) > FINISHED_KEPT:
+            old, _ = self.finished.popitem(last=False)
+            for path in self.executor.log_paths(old):  # the master has them; keep the disk bounded
+                path.unlink(missing_ok=True)
+        self.dirty = True
+
+    def running_ids(self) -> list[str]:
+        return sorted(t for t, r in self.records.items() if r.final is None and not r.stale)
+
+    def has_processes(self) -> bool:
+        return any(r.has_process for r in self.records.values())
+
+    def has_unreported(self) -> bool:
+        return any(r.final is not None for r in self.records.values())
+
+    # -- (re)registration ------------------------------------------------------------------------------
+    def reconcile(self, expected: set[str]) -> list[agent_pb2.TaskStatus]:
+        """Match what runs here with what the master expects: kill what it does not expect (without a
+        report), and return the statuses to send for expected tasks that do not run here."""
+        for task_id, rec in list(self.records.items()):
+            if task_id in expected:
+                if rec.stale:  # expected again while still dying: report its end after all
+                    rec.stale = False
+                    rec.killed = rec.killed or "lost: killed while the master did not expect it"
+                continue
+            if not rec.has_process:
+                del self.records[task_id]  # nothing runs, and nobody waits for its status
+                self.dirty = True
+            elif not rec.stale:
+                rec.stale = True
+                rec.relaunch = None
+                self._signal(rec, STALE_GRACE_S)
+                self.echo(f"killing {task_id}: the master does not expect it on this node")
+        out: list[agent_pb2.TaskStatus] = []
+        for task_id in sorted(expected - self.records.keys()):
+            previous = self.finished.get(task_id)  # it ended, but the master did not get the status
+            if previous is None:
+                previous = task_status(task_id, FAILED, NO_EXIT_CODE, LOST_HERE)
+            out.append(previous)
+        return out
+
+    # -- state file ----------------------------------------------------------------------------------
+    def snapshot(self) -> list[SavedTask]:
+        out = []
+        for rec in self.records.values():
+            final = rec.final
+            out.append(
+                SavedTask(
+                    task_id=rec.task_id,
+                    launch=SavedTask.encode_launch(rec.launch),
+                    pid=rec.pid if rec.has_process else 0,
+                    create_time=rec.created,
+                    stdout=str(rec.logs.stdout.path),
+                    stderr=str(rec.logs.stderr.path),
+                    stdout_offset=rec.logs.stdout.offset,
+                    stderr_offset=rec.logs.stderr.offset,
+                    container_runtime=rec.container.runtime if rec.container else "",
+                    container_name=rec.container.name if rec.container else "",
+                    cgroup=rec.cgroup,
+                    final_state=final.state if final is not None else 0,
+                    final_exit_code=final.exit_code if final is not None else 0,
+                    final_message=final.message if final is not None else "",
+                )
+            )
+        return out
+
+    def adopt(self, saved: list[SavedTask]) -> int:
+        """Take over the tasks of a previous agent process: those still alive are watched again,
+        the others are reported lost. Returns how many were adopted alive."""
+        alive = 0
+        for s in saved:
+            try:
+                msg = s.decode_launch()
+            except (ValueError, DecodeError) as exc:
+                log.warning("state of task %s is unreadable (%s): dropped", s.task_id, exc)
+                continue
+            logs = TaskLogs.of(s.task_id, Path(s.stdout), Path(s.stderr), (s.stdout_offset, s.stderr_offset))
+            rec = TaskRecord(msg, logs, cgroup=s.cgroup)
+            if s.container_name:
+                rec.container = Container(s.container_runtime, s.container_name)
+            if s.final_state:
+                final_state = cast(State, s.final_state)
+                rec.final = task_status(s.task_id, final_state, s.final_exit_code, s.final_message)
+            elif same_process_alive(s.pid, s.create_time):
+                rec.pid, rec.created = s.pid, s.create_time
+                rec.adopted = AdoptedProcess(s.pid, s.create_time)
+                rec.started_at = time.monotonic()
+                alive += 1
+            else:
+                rec.final = task_status(s.task_id, FAILED, NO_EXIT_CODE, LOST_RESTART)
+                self._clean_up(rec)
+            self.records[s.task_id] = rec
+        self.dirty = True
+        return alive
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _start(self, msg: agent_pb2.LaunchTask) -> None:
+        task_id = msg.task_id
+        out, err = self.executor.log_paths(task_id)
+        # Offsets start at 0 even if an earlier run left output: resent bytes land where they were.
+        rec = TaskRecord(msg, TaskLogs.of(task_id, out, err))
+        self.records[task_id] = rec
+        self.dirty = True
+        why = self._spawn(rec)
+        if why is not None:
+            rec.final = task_status(task_id, FAILED, NO_EXIT_CODE, why)
+            self.echo(f"{task_id} failed: {why}")
+            return
+        self.report(task_status(task_id, RUNNING))
+        self.echo(f"{task_id} started (pid {rec.pid})")
+
+    def _spawn(self, rec: TaskRecord) -> str | None:
+        """Start the task's process; why not, if it cannot start."""
+        msg, task_id = rec.launch, rec.task_id
+        gpus, env = gpu_indexes(msg), launch_env(msg)
+        if msg.image:
+            if self.container_runtime is None:
+                return NO_RUNTIME
+            rec.container = Container(self.container_runtime, container_name(task_id))
+            env["GOSCHED_TASK_ID"] = task_id
+            argv = rec.container.run_argv(msg.image, list(msg.command), env, gpus, msg.cpu_milli, msg.memory)
+            # The runtime enforces the limits, so the client process itself gets none.
+            spec = TaskSpec(task_id, [rec.container.shell_command(argv)], gpus=gpus)
+        else:
+            spec = TaskSpec(
+                task_id, list(msg.command), env=env, gpus=gpus, cpu_milli=msg.cpu_milli, memory=msg.memory
+            )
+        try:
+            end = self.executor.start(spec)
+        except OSError as exc:  # e.g. the task's cgroup could not be made
+            return f"failed to start: {exc}"
+        if end is not None:
+            return f"failed to start: {end.message}"
+        rec.pid = self.executor.pid(task_id) or 0
+        rec.created = create_time(rec.pid)
+        cgroup = self.executor.cgroup_path(task_id)
+        rec.cgroup = "" if cgroup is None else str(cgroup)
+        rec.adopted = None
+        rec.started_at = time.monotonic()
+        self.dirty = True
+        return None
+
+    def _signal(self, rec: TaskRecord, grace_s: float) -> None:
+        if rec.adopted is not None:
+            rec.adopted.kill(grace_s)
+        else:
+            self.executor.kill(rec.task_id, grace_s)
+
+    def _adopted_exit(self, rec: TaskRecord) -> tuple[State, int, str]:
+        if rec.killed is not None:
+            return FAILED, NO_EXIT_CODE, rec.killed
+        if rec.cgroup and TaskCgroup(Path(rec.cgroup)).oom_killed():
+            return FAILED, NO_EXIT_CODE, "OOM killed"
+        return FAILED, NO_EXIT_CODE, EXIT_UNKNOWN
+
+    def _clean_up(self, rec: TaskRecord) -> None:
+        """What an ended run leaves outside its process: a container (if its client was SIGKILLed),
+        a cgroup (the executor removes those of its own runs; removing one twice is harmless)."""
+        if rec.container is not None:
+            rec.container.remove_soon()
+        if rec.cgroup:
+            TaskCgroup(Path(rec.cgroup)).remove()
+
+    def _ended(self, rec: TaskRecord, state: State, exit_code: int, message: str) -> None:
+        task_id = rec.task_id
+        self._clean_up(rec)
+        rec.pid = 0
+        self.dirty = True
+        if rec.stale:
+            del self.records[task_id]
+            self.echo(f"{task_id} stopped (not expected here)")
+            if rec.relaunch is not None:
+                self._start(rec.relaunch)
+            return
+        if state == FAILED and rec.launch.service and rec.killed is None:
+            self._schedule_restart(rec, message)
+            return
+        rec.final = task_status(task_id, state, exit_code, message)
+        self._say_end(rec.final)
+
+    def _say_end(self, status: agent_pb2.TaskStatus) -> None:
+        if status.state == SUCCEEDED:
+            self.echo(f"{status.task_id} succeeded")
+        elif status.message.startswith(("killed:", "lost:")):
+            self.echo(f"{status.task_id} {status.message}")
+        else:
+            self.echo(f"{status.task_id} failed: {status.message}")
+
+    def _schedule_restart(self, rec: TaskRecord, why: str) -> None:
+        now = time.monotonic()
+        if now - rec.started_at >= STABLE_RUN_S:
+            rec.backoff_s = BACKOFF_FIRST_S
+        rec.restart_at = now + rec.backoff_s
+        rec.restart_why = why
+        self.echo(f"{rec.task_id} (service) {why}; restarting in {rec.backoff_s:g}s")
+        rec.backoff_s = min(rec.backoff_s * 2, BACKOFF_MAX_S)
+        self.dirty = True
+
+    def _restart(self, rec: TaskRecord) -> None:
+        rec.restart_at = None
+        rec.restarts += 1
+        rec.started_at = time.monotonic()
+        why = self._spawn(rec)
+        if why is not None:
+            self._schedule_restart(rec, why)
+            return
+        message = f"restarted after {rec.restart_why} (restart {rec.restarts})"
+        self.report(task_status(rec.task_id, RUNNING, 0, message))
+        self.echo(f"{rec.task_id} {message}")
