@@ -138,6 +138,8 @@ class RayControl:
     # -- nodes ------------------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None:
         self.rs.add_nodes(nodes)
+        for shard in self.rs.shards:  # learn them now, not with the next reply (no wait: in order)
+            shard.sync.remote()
         self._wake_shards()
 
     def set_node_state(self, name: str, state: NodeState) -> None:

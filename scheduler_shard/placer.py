@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.job import task_id
 from gosched.common.messages import Diagnosis, Placement, Unit, Unschedulable
 from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache
 from gosched.scheduler_shard.diagnosis import diagnose
@@ -64,6 +65,11 @@ class Placer:
         now = self.clock()
         unplaced: list[int] = []
         unit_filters = self.profile.unit_filters
+        task_row = state.task_row
+        for idx in indexes:
+            tid = task_id(job.id, idx)
+            if tid in task_row:
+                ctx.drop_stale(state, tid)
         for pos, idx in enumerate(indexes):
             if len(ctx.placements) + (len(indexes) - pos) < need:
                 unplaced.extend(indexes[pos:])  # the gang can no longer reach min_needed
@@ -79,9 +85,10 @@ class Placer:
                             eff = np.where(excluded, NEG_INF, eff)
             if allowed is not None:
                 eff = np.where(allowed, eff, NEG_INF)
-            row = int(eff.argmax())
+            # An empty view (no node known yet, e.g. before the first sync) fits nothing.
+            row = int(eff.argmax()) if eff.size else -1
             victims: tuple[str, ...] = ()
-            if eff[row] == NEG_INF:
+            if row < 0 or eff[row] == NEG_INF:
                 if self._diagnosis is None:
                     # Diagnose while the attempt's own placements are still in the view.
                     note = f"gang needs {need} of {len(indexes)} tasks" if need > 1 else ""

@@ -1,12 +1,13 @@
 """Table-driven scenarios for the shard's filter, score, gang and preemption rules."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 
+from gosched.common.cluster_state import Resident
 from gosched.common.config import ProfileConfig
-from gosched.common.job import Job
+from gosched.common.job import Job, NodeSelectorTerm, Requirement, SelectorOp
 from gosched.common.node import Node, NodeState
 from tests.builders import make_job, make_node
 from tests.shard_helpers import profile_with_scores, run_units, shard_with
@@ -29,6 +30,13 @@ def _filler(job_id: str, cpu: str = "1", gpus: int = 0, share: int = 0) -> Job:
     if share:
         b = b.gpu_share(share)
     return b.build()
+
+
+def _one_term(job: Job, *requirements: tuple[str, ...]) -> Job:
+    """`job` with one required-affinity term holding every requirement (key, op, *values)."""
+    term = NodeSelectorTerm(tuple(Requirement(k, SelectorOp(op), tuple(v)) for k, op, *v in requirements))
+    group = replace(job.groups[0], required_affinity=(term,))
+    return replace(job, groups=(group,))
 
 
 FILTER_CASES = [
@@ -160,6 +168,230 @@ FILTER_CASES = [
         [make_node("a").build(), make_node("b").extended("fpga", 2).build()],
         make_job("j").cpu("1").extended("fpga", 1).build(),
         {"b"},
+    ),
+    # -- taints and tolerations --
+    Case(
+        "NoExecute taint repels",
+        [make_node("t").taint("dedicated", "ml", "NoExecute").build(), make_node("u").build()],
+        make_job("j").cpu("1").build(),
+        {"u"},
+    ),
+    Case(
+        "a NoSchedule toleration does not cover a NoExecute taint",
+        [make_node("t").taint("gpu", "x", "NoExecute").build()],
+        make_job("j").cpu("1").tolerate("gpu", "x", "NoSchedule").build(),
+        None,
+    ),
+    Case(
+        "a toleration naming the taint's effect admits",
+        [make_node("t").taint("gpu", "x", "NoExecute").build()],
+        make_job("j").cpu("1").tolerate("gpu", "x", "NoExecute").build(),
+        {"t"},
+    ),
+    Case(
+        "Equal toleration of another value does not admit",
+        [make_node("t").taint("gpu", "reserved").build()],
+        make_job("j").cpu("1").tolerate("gpu", "other").build(),
+        None,
+    ),
+    Case(
+        "Exists toleration of another key does not admit",
+        [make_node("t").taint("gpu", "reserved").build()],
+        make_job("j").cpu("1").tolerate("spot", exists=True).build(),
+        None,
+    ),
+    Case(
+        "every hard taint must be tolerated",
+        [make_node("t").taint("a", "1").taint("b", "2", "NoExecute").build()],
+        make_job("j").cpu("1").tolerate("a", "1").build(),
+        None,
+    ),
+    Case(
+        "an empty-key Exists toleration tolerates every taint",
+        [make_node("t").taint("a", "1").taint("b", "2", "NoExecute").build()],
+        make_job("j").cpu("1").tolerate(exists=True).build(),
+        {"t"},
+    ),
+    Case(
+        "a PreferNoSchedule node is still used when it is the only one",
+        [make_node("p").taint("spot", "", "PreferNoSchedule").build()],
+        make_job("j").cpu("1").build(),
+        {"p"},
+    ),
+    Case(
+        "a tolerated PreferNoSchedule taint costs nothing (tie: first node)",
+        [make_node("p").taint("spot", "", "PreferNoSchedule").build(), make_node("q").build()],
+        make_job("j").cpu("1").tolerate("spot", exists=True).build(),
+        {"p"},
+    ),
+    # -- node selector --
+    Case(
+        "node selector needs every label",
+        [
+            make_node("zone-only").label(zone="a").build(),
+            make_node("disk-only").label(disk="ssd").build(),
+            make_node("both").label(zone="a", disk="ssd").build(),
+        ],
+        make_job("j").cpu("1").selector(zone="a", disk="ssd").build(),
+        {"both"},
+    ),
+    Case(
+        "node selector on a label no node has",
+        [make_node("a").label(zone="a").build()],
+        make_job("j").cpu("1").selector(rack="r1").build(),
+        None,
+    ),
+    # -- required / preferred node affinity --
+    Case(
+        "required affinity Exists",
+        [make_node("a").build(), make_node("b").label(gpu="yes").build()],
+        make_job("j").cpu("1").require("gpu", "Exists").build(),
+        {"b"},
+    ),
+    Case(
+        "required affinity Lt",
+        [make_node("a").label(cores="8").build(), make_node("b").label(cores="64").build()],
+        make_job("j").cpu("1").require("cores", "Lt", "32").build(),
+        {"a"},
+    ),
+    Case(
+        "Gt never matches a non-integer label",
+        [make_node("a").label(cores="many").build()],
+        make_job("j").cpu("1").require("cores", "Gt", "1").build(),
+        None,
+    ),
+    Case(
+        "required terms are ORed",
+        [make_node("c").label(zone="c").build(), make_node("b").label(zone="b").build()],
+        make_job("j").cpu("1").require("zone", "In", "a").require("zone", "In", "b").build(),
+        {"b"},
+    ),
+    Case(
+        "requirements inside one term are ANDed",
+        [
+            make_node("zone-only").label(zone="a").build(),
+            make_node("both").label(zone="a", disk="ssd").build(),
+        ],
+        _one_term(make_job("j").cpu("1").build(), ("zone", "In", "a"), ("disk", "Exists")),
+        {"both"},
+    ),
+    Case(
+        "preferred affinity: the heavier matched term wins",
+        [make_node("a").label(zone="a").build(), make_node("b").label(disk="ssd").build()],
+        make_job("j").cpu("1").prefer(10, "zone", "In", "a").prefer(80, "disk", "In", "ssd").build(),
+        {"b"},
+    ),
+    Case(
+        "preferred affinity never excludes",
+        [make_node("a").label(zone="a").build()],
+        make_job("j").cpu("1").prefer(100, "zone", "In", "b").build(),
+        {"a"},
+    ),
+    # -- GPUs: models, memory per GPU, shares --
+    Case(
+        "any of several acceptable models",
+        [
+            make_node("a").gpus(8, model="A100").build(),
+            make_node("v").gpus(8, model="V100").build(),
+            make_node("h").gpus(8, model="H100").build(),
+        ],
+        make_job("j").cpu("1").gpus(1).gpu_model("H100", "V100").build(),
+        {"v", "h"},
+    ),
+    Case(
+        "too few GPUs of the wanted model on a mixed node",
+        [make_node("mix").gpu(0, model="A100").gpu(1, model="A100").gpu(2, model="V100").build()],
+        make_job("j").cpu("1").gpus(2).gpu_model("V100").build(),
+        None,
+    ),
+    Case(
+        "GPU memory floor counts GPU by GPU on a mixed node",
+        [
+            make_node("mix")
+            .gpu(0, memory_mib=16384)
+            .gpu(1, memory_mib=16384)
+            .gpu(2, memory_mib=81920)
+            .gpu(3, memory_mib=81920)
+            .build()
+        ],
+        make_job("j").cpu("1").gpus(3).gpu_memory(40000).build(),
+        None,
+    ),
+    Case(
+        "GPU memory floor for a GPU share",
+        [
+            make_node("small").gpus(2, memory_mib=16384).build(),
+            make_node("big").gpus(2, memory_mib=81920).build(),
+        ],
+        make_job("j").cpu("1").gpu_share(250).gpu_memory(40000).build(),
+        {"big"},
+    ),
+    Case(
+        "a GPU share needs a GPU",
+        [make_node("cpu-only").build()],
+        make_job("j").cpu("1").gpu_share(100).build(),
+        None,
+    ),
+    Case(
+        "a GPU share cannot use a GPU held whole",
+        [make_node("g2").gpus(2).build()],
+        make_job("j").cpu("1").gpu_share(500).build(),
+        None,
+        running=[
+            (_filler("whole", gpus=1), 0, "g2", ((0, 1000),)),
+            (_filler("part", share=700), 0, "g2", ((1, 700),)),
+        ],
+    ),
+    Case(
+        "a whole GPU is not free while a share sits on it",
+        [make_node("g2").gpus(2).build()],
+        make_job("j").cpu("1").gpus(1).build(),
+        None,
+        running=[
+            (_filler("s0", share=100), 0, "g2", ((0, 100),)),
+            (_filler("s1", share=100), 0, "g2", ((1, 100),)),
+        ],
+    ),
+    Case(
+        "shares of several tasks fill one GPU exactly",
+        [make_node("g1").gpus(1).build()],
+        make_job("j").cpu("1").gpu_share(400).build(),
+        {"g1"},
+        running=[
+            (_filler("s0", share=300), 0, "g1", ((0, 300),)),
+            (_filler("s1", share=300), 0, "g1", ((0, 300),)),
+        ],
+    ),
+    # -- node state and capacity edges --
+    Case(
+        "draining nodes are skipped",
+        [make_node("d").state(NodeState.DRAINING).build(), make_node("ok").build()],
+        make_job("j").cpu("1").build(),
+        {"ok"},
+    ),
+    Case(
+        "no ready node at all",
+        [
+            make_node("d").state(NodeState.DRAINING).build(),
+            make_node("c").state(NodeState.CORDONED).build(),
+            make_node("nr").state(NodeState.NOT_READY).build(),
+        ],
+        make_job("j").cpu("1").build(),
+        None,
+    ),
+    Case(
+        "a request equal to the free CPU fits",
+        [make_node("n").cpu("4").build()],
+        make_job("j").cpu("3").build(),
+        {"n"},
+        running=[(_filler("f", "1"), 0, "n", ())],
+    ),
+    Case(
+        "extended resource used up",
+        [make_node("b").extended("fpga", 1).build()],
+        make_job("j").cpu("1").extended("fpga", 1).build(),
+        None,
+        running=[(make_job("f").cpu("1").extended("fpga", 1).build(), 0, "b", ())],
     ),
     Case(
         "bin-pack prefers the fuller node",
@@ -409,3 +641,265 @@ def test_pack_domain_places_a_gang_in_one_zone() -> None:
     out = run_units(shard_with(nodes), [job])
     zones = {("a" if int(p.node[1:]) % 2 else "b") for p in out.proposals[0].placements}
     assert len(zones) == 1
+
+
+# -- placement policies: bin-pack vs spread vs balanced on one cluster -------------------------------
+def _usage(job_id: str, cpu: str, mem: str) -> Job:
+    return make_job(job_id).cpu(cpu).mem(mem).build()
+
+
+# Four 32-CPU / 128Gi nodes; the task asks for 4 CPU and 16Gi (1/8 of each). After placement:
+#   v: cpu 0.25  mem 0.125  (light, a little uneven)
+#   w: cpu 0.50  mem 0.50   (half full, even)
+#   x: cpu 0.875 mem 0.25   (fullest on average, CPU-heavy)
+#   z: cpu 0.16  mem 0.875  (memory-heavy)
+POLICY_RUNNING = [
+    (_usage("on-v", "4", "0"), 0, "v", ()),
+    (_usage("on-w", "12", "48Gi"), 0, "w", ()),
+    (_usage("on-x", "24", "16Gi"), 0, "x", ()),
+    (_usage("on-z", "1", "96Gi"), 0, "z", ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        (("most_allocated",), "x"),  # bin-pack: the highest mean use after placement
+        (("least_allocated",), "v"),  # spread: the lowest mean use
+        (("balanced_allocation",), "w"),  # balanced: CPU and memory used alike
+        (None, "w"),  # the default chain: bin-pack plus balanced
+    ],
+    ids=["bin-pack", "spread", "balanced", "default"],
+)
+def test_placement_policies_pick_different_nodes(scores: tuple[str, ...] | None, expected: str) -> None:
+    nodes = [make_node(n).build() for n in ("v", "w", "x", "z")]
+    profile = profile_with_scores(*scores) if scores else None
+    shard = shard_with(nodes, POLICY_RUNNING, profile)
+    out = run_units(shard, [make_job("t").cpu("4").mem("16Gi").build()])
+    assert out.proposals[0].placements[0].node == expected
+
+
+def test_gpu_memory_floor_takes_the_big_gpus_of_a_mixed_node() -> None:
+    node = (
+        make_node("mix")
+        .gpu(0, memory_mib=16384)
+        .gpu(1, memory_mib=16384)
+        .gpu(2, memory_mib=81920)
+        .gpu(3, memory_mib=81920)
+        .build()
+    )
+    out = run_units(shard_with([node]), [make_job("j").cpu("1").gpus(2).gpu_memory(40000).build()])
+    assert sorted(g for g, _ in out.proposals[0].placements[0].gpus) == [2, 3]
+
+
+def test_gpu_model_takes_the_gpus_of_that_model() -> None:
+    node = make_node("mix").gpu(0, model="A100").gpu(1, model="V100").gpu(2, model="A100").build()
+    out = run_units(shard_with([node]), [make_job("j").cpu("1").gpus(1).gpu_model("V100").build()])
+    assert out.proposals[0].placements[0].gpus == ((1, 1000),)
+
+
+# -- preemption: more rules ---------------------------------------------------------------------------
+PREEMPT_MORE = [
+    PreemptCase(
+        "equal priority is not lower",
+        [make_job("same").cpu("8").priority(100).build()],
+        make_job("p").cpu("8").priority(100).build(),
+        None,
+    ),
+    PreemptCase(
+        "the non-preemptible stays, the preemptible goes",
+        [make_job("np").cpu("4").priority(1).preemptible(False).build(), make_job("low").cpu("4").build()],
+        make_job("p").cpu("4").priority(100).build(),
+        {"low/0"},
+    ),
+    PreemptCase(
+        "not enough even without every preemptible task",
+        [make_job("np").cpu("4").priority(1).preemptible(False).build(), make_job("low").cpu("4").build()],
+        make_job("p").cpu("8").priority(100).build(),
+        None,
+    ),
+    PreemptCase(
+        "disruption budget 1 allows one victim",
+        [make_job("b1").cpu("8").priority(1).disruption_budget(1).build()],
+        make_job("p").cpu("8").priority(100).build(),
+        {"b1/0"},
+    ),
+    PreemptCase(
+        "each job's budget counts its own tasks only",
+        [
+            make_job("a").cpu("4").priority(1).disruption_budget(1).build(),
+            make_job("b").cpu("4").priority(1).disruption_budget(1).build(),
+        ],
+        make_job("p").cpu("8").priority(100).build(),
+        {"a/0", "b/0"},
+    ),
+    PreemptCase(
+        "capacity reclaim spares the preemptor's own queue",
+        [make_job("mine").cpu("8").priority(0).queue("q2").build()],
+        make_job("p").cpu("8").priority(0).queue("q2").build(),
+        None,
+        frozenset({"q2"}),
+    ),
+    PreemptCase(
+        "capacity reclaim takes only queues named as borrowing",
+        [make_job("other").cpu("8").priority(500).queue("q3").build()],
+        make_job("p").cpu("8").priority(0).queue("q2").build(),
+        None,
+        frozenset({"q1"}),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", PREEMPT_MORE, ids=lambda c: c.name)
+def test_more_preemption_rules(case: PreemptCase) -> None:
+    test_preemption_rules(case)
+
+
+@pytest.mark.parametrize(
+    ("budget", "expect_victims"),
+    [(None, {"v/0", "v/1"}), (2, {"v/0", "v/1"}), (1, None), (0, None)],
+    ids=["no-budget", "budget-2", "budget-1", "budget-0"],
+)
+def test_disruption_budget_of_a_job_with_two_tasks_on_one_node(
+    budget: int | None, expect_victims: set[str] | None
+) -> None:
+    b = make_job("v").cpu("4").replicas(2).priority(1)
+    victim = (b if budget is None else b.disruption_budget(budget)).build()
+    shard = shard_with([make_node("n").cpu("8").build()], [(victim, 0, "n", ()), (victim, 1, "n", ())])
+    out = run_units(shard, [make_job("p").cpu("8").priority(100).build()])
+    if expect_victims is None:
+        assert out.proposals == []
+    else:
+        assert set(out.proposals[0].placements[0].victims) == expect_victims
+
+
+@pytest.mark.parametrize(
+    ("budget", "placed"), [(None, 2), (2, 2), (1, 0)], ids=["no-budget", "budget-2", "budget-1"]
+)
+def test_disruption_budget_holds_across_a_gangs_placements(budget: int | None, placed: int) -> None:
+    # v has one task on each node; the gang needs both nodes, so both of v's tasks.
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("8").build()]
+    b = make_job("v").cpu("8").replicas(2).priority(1)
+    victim = (b if budget is None else b.disruption_budget(budget)).build()
+    shard = shard_with(nodes, [(victim, 0, "n1", ()), (victim, 1, "n2", ())])
+    gang = make_job("g").cpu("8").replicas(2).min_member(2).priority(100).build()
+    out = run_units(shard, [gang])
+    assert sum(len(p.placements) for p in out.proposals) == placed
+
+
+def test_gpu_preemption_evicts_only_the_share_in_the_way() -> None:
+    # Two GPUs, each half used by a low-priority share: one whole GPU needs only one of them gone,
+    # and the lower-priority one goes.
+    node = make_node("n").gpus(2).build()
+    a = make_job("a").cpu("1").gpu_share(500).priority(10).build()
+    b = make_job("b").cpu("1").gpu_share(500).priority(20).build()
+    shard = shard_with([node], [(a, 0, "n", ((0, 500),)), (b, 0, "n", ((1, 500),))])
+    out = run_units(shard, [make_job("p").cpu("1").gpus(1).priority(100).build()])
+    (placement,) = out.proposals[0].placements
+    assert placement.victims == ("a/0",) and placement.gpus == ((0, 1000),)
+
+
+def test_a_failed_preempting_gang_leaves_no_trace() -> None:
+    # The first task of the gang preempts v on n1; the second finds nothing to preempt on n2 (its
+    # task is not preemptible): the attempt is abandoned and v is back, the view exactly as before.
+    from gosched.binder.state import arrays_view
+
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("8").build()]
+    v = make_job("v").cpu("8").priority(1).build()
+    pinned = make_job("pinned").cpu("8").priority(1).preemptible(False).build()
+    shard = shard_with(nodes, [(v, 0, "n1", ()), (pinned, 0, "n2", ())])
+    before = arrays_view(shard.state)
+    gang = make_job("g").cpu("8").replicas(2).min_member(2).priority(100).build()
+    out = run_units(shard, [gang])
+    assert out.proposals == [] and out.unschedulable[0].job_id == "g"
+    assert arrays_view(shard.state) == before
+    assert shard.inflight == {}
+    assert shard.state.task_row["v/0"] == shard.state.row_of["n1"]
+
+
+# -- candidate sorting, key by key ----------------------------------------------------------------------
+def _victim(name: str, priority: int, start: float = 0.0) -> Resident:
+    return Resident(f"{name}/0", name, 1000, 0, priority=priority, start_time=start)
+
+
+SORT_CASES = [
+    # (name, {row: victims}, expected first row)
+    ("no victims first", {0: [_victim("a", 1)], 1: []}, 1),
+    ("lowest highest-victim priority", {0: [_victim("a", 1), _victim("b", 50)], 1: [_victim("c", 40)]}, 1),
+    (
+        "then the lowest priority sum",
+        {0: [_victim("a", 30), _victim("b", 30)], 1: [_victim("c", 30), _victim("d", 10)]},
+        1,
+    ),
+    (
+        "then the fewest victims",
+        {0: [_victim("a", 10), _victim("b", 0), _victim("c", 0)], 1: [_victim("d", 10)]},
+        1,
+    ),
+    (
+        "then the latest earliest start",
+        {0: [_victim("a", 10, start=5.0)], 1: [_victim("b", 10, start=50.0)]},
+        1,
+    ),
+    ("a full tie keeps the lower row", {0: [_victim("a", 10)], 1: [_victim("b", 10)]}, 0),
+]
+
+
+@pytest.mark.parametrize(("name", "by_row", "first"), SORT_CASES, ids=[c[0] for c in SORT_CASES])
+def test_lexicographic_candidate_sorting(name: str, by_row: dict[int, list[Resident]], first: int) -> None:
+    from gosched.scheduler_shard.framework.interfaces import Candidate
+    from gosched.scheduler_shard.plugins.preemption import Lexicographic
+
+    for order in (list(by_row.items()), list(reversed(by_row.items()))):
+        ranked = Lexicographic().sort([Candidate(row, victims) for row, victims in order])
+        assert ranked[0].row == first
+
+
+# -- a unit whose own task the view still shows as resident -------------------------------------------
+@pytest.mark.parametrize("answer", ["rejected", "accepted"])
+def test_a_units_task_still_resident_in_a_stale_view_is_not_counted_twice(answer: str) -> None:
+    # The binder released a/0 (evicted, or its gang broken) and the dispatcher queued it again, but
+    # this shard has not heard of the release yet. Its view must not count a/0 twice, nor keep a
+    # phantom of it once the binder's changes arrive.
+    from gosched.binder.state import arrays_view
+    from gosched.common.messages import AcceptedUnit, BindReply, RejectedUnit, TaskBound, TaskReleased
+
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("8").build()]
+    a = make_job("a").cpu("4").build()
+    shard = shard_with(nodes, [(a, 0, "n1", ())])
+    out = run_units(shard, [a])
+    (placement,) = out.proposals[0].placements
+    assert int(shard.state.cpu_used[:2].sum()) == 4000  # once, where the new attempt put it
+    assert sum(len(r) for r in shard.state.residents[:2]) == 1
+    released = TaskReleased("a/0", "preempted")
+    if answer == "rejected":
+        reply = BindReply([], [RejectedUnit("a", (0,), "stale", "resources_fit")], [], [released], 3)
+        expected = shard_with(nodes)
+    else:
+        bound = TaskBound(placement.node, Resident.for_task(a, 0, (), 1000.0))
+        reply = BindReply([AcceptedUnit("a", [placement], 1000.0)], [], [], [released, bound], 4)
+        expected = shard_with(nodes, [(a, 0, placement.node, ())], start_times={"a": 1000.0})
+    shard.apply_reply(reply)
+    assert shard.inflight == {}
+    assert arrays_view(shard.state) == arrays_view(expected.state)
+
+
+def test_a_failed_attempt_puts_the_stale_resident_back() -> None:
+    from gosched.binder.state import arrays_view
+
+    nodes = [make_node("n1").cpu("8").build()]
+    gang = make_job("g").cpu("6").replicas(2).min_member(2).build()
+    shard = shard_with(nodes, [(gang, 0, "n1", ())])
+    before = arrays_view(shard.state)
+    out = run_units(shard, [gang])  # both tasks do not fit on one 8-CPU node
+    assert out.proposals == []
+    assert arrays_view(shard.state) == before and shard.inflight == {}
+
+
+def test_a_shard_that_knows_no_node_yet_answers_unschedulable() -> None:
+    """Before its first sync a shard's view is empty: the unit comes back unschedulable, no crash."""
+    shard = shard_with([])
+    batch = run_units(shard, [make_job("early").cpu("1").build()])
+    assert not batch.proposals
+    assert [u.job_id for u in batch.unschedulable] == ["early"]
+    assert batch.unschedulable[0].diagnosis.total_nodes == 0
