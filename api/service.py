@@ -157,7 +157,7 @@ class SchedulerService:
     def wait_ready(self, timeout: float | None = None) -> bool:
         ready = self._ready.wait(timeout)
         if self.error is not None:
-            raise RuntimeError("the scheduler failed to start") from self.error
+            raise RuntimeError(f"the scheduler failed to start: {self.error!r}") from self.error
         return ready
 
     @property

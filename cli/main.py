@@ -1,7 +1,12 @@
 """The `gosched` command line."""
 
 import json
+import os
 from typing import Annotated
+
+# gRPC's C core logs an INFO line each time Ray forks a worker while gRPC threads run; a person at
+# a terminal needs errors only (set GRPC_VERBOSITY to see more).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import typer
 

@@ -2,7 +2,6 @@
 embedded default on one machine: a local Ray, the master, this machine's own agent, and simulated
 nodes, with a sample job to show it working)."""
 
-import json
 import signal
 import socket
 import subprocess
@@ -66,6 +65,9 @@ def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -
     except OSError as exc:
         typer.echo(f"error: cannot start the master: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except RuntimeError as exc:  # the scheduler (Ray, or the store) failed to come up
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def master(
@@ -163,6 +165,7 @@ def up(
 
 
 def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
+    from gosched.cli.output import jobs_view, nodes_view
     from gosched.common.states import JobState
 
     deadline = time.monotonic() + 60
@@ -171,40 +174,43 @@ def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
             raise typer.Exit(_fail("this machine's agent did not register within 60s"))
         time.sleep(0.2)
     nodes = client.nodes()
-    gpus = sum(len(n.gpus) for n in nodes)
-    simulated = len(nodes) - 1
-    typer.echo(f"cluster: {len(nodes)} nodes, {gpus} GPUs: this machine ({me}) and {simulated} simulated")
-    local = client.submit(_sample_job())
+    gpus = sum(len(n.node.gpus) for n in nodes)
+    others = len(nodes) - 1
+    typer.echo(f"\ncluster: {len(nodes)} nodes, {gpus} GPUs: this machine ({me}) and {others} simulated")
+    typer.echo(nodes_view(nodes))
+    stamp = int(time.time())
+    local = client.submit(_sample_job(f"hello-{stamp}"))
     gang = client.submit(
-        {"id": f"gang-{int(time.time())}", "replicas": 4, "min_member": 4, "gpus": 1, "cpu": "4",
-         "memory": "16Gi", "command": ["python", "train.py"]}
+        {"id": f"train-{stamp}", "replicas": 4, "min_member": 4, "gpus": 2, "cpu": "8", "memory": "32Gi",
+         "command": ["python", "train.py"]}
     )
-    for job_id in (local, gang):
-        info = client.wait(job_id, timeout=60)
-        typer.echo(f"job {job_id}: {info.state.value} ({_placement(info)})")
+    shares = client.submit(
+        {"id": f"notebooks-{stamp}", "replicas": 6, "gpus": "0.25", "cpu": "2", "memory": "8Gi",
+         "command": ["jupyter", "lab"]}
+    )
+    too_big = client.submit({"id": f"too-big-{stamp}", "gpus": 16, "cpu": "1", "command": ["true"]})
+    infos = [client.wait(job_id, timeout=60) for job_id in (local, gang, shares)]
+    typer.echo("\njobs:")
+    typer.echo(jobs_view([*infos, client.get(too_big)]))
+    for info in infos:
         if info.state is not JobState.SUCCEEDED:
-            raise typer.Exit(_fail(f"job {job_id} ended {info.state.value}: {client.explain(job_id)}"))
-    out = b"".join(chunk for chunk in client.logs(local, task=0))
-    typer.echo(f"output of {local}: " + out.decode(errors="replace").strip().replace("\n", " | "))
-    status = client.status()
-    typer.echo(json.dumps({k: status[k] for k in ("nodes", "bound_tasks", "shards") if k in status}))
-    typer.echo(f"up and working in {time.monotonic() - started:.1f}s")
+            raise typer.Exit(_fail(f"job {info.id} ended {info.state.value}: {client.explain(info.id)}"))
+    out = b"".join(client.logs(local, 0)).decode(errors="replace").strip()
+    typer.echo(f"\noutput of {local} (ran on this machine by its agent):\n  " + out.replace("\n", "\n  "))
+    typer.echo(f"\nwhy {too_big} is pending:\n  " + client.explain(too_big).replace("\n", "\n  "))
+    client.cancel(too_big)
+    typer.echo(f"\nup and working in {time.monotonic() - started:.1f}s (metrics: http://localhost:{http_port}/metrics)")
 
 
-def _sample_job() -> dict[str, Any]:
+def _sample_job(job_id: str) -> dict[str, Any]:
     """A small shell job for this machine's agent (the only node with a real agent here)."""
     return {
-        "id": f"hello-{int(time.time())}",
+        "id": job_id,
         "command": ["sh", "-c", SAMPLE_SCRIPT],
         "cpu": "100m",
         "memory": "64Mi",
         "node_selector": {"gosched.io/agent": "true"},
     }
-
-
-def _placement(info: Any) -> str:
-    nodes = sorted({t.node for t in info.tasks if t.node})
-    return f"{len(info.tasks)} task(s) on {', '.join(nodes) or 'their nodes'}"
 
 
 def _fail(message: str) -> int:
