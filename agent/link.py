@@ -24,9 +24,12 @@ REGISTER_TIMEOUT_S = 5.0
 TAKE_WAIT_S = 0.2  # how often a stream's sender looks whether its session has closed
 # Pings find a master that vanished without closing the connection. Servers refuse pings more
 # often than every 5 minutes by default while they send nothing (GOAWAY "too_many_pings").
+# Pings find a master that vanished without closing the connection within ~15 s; the master's
+# server accepts pings this often (api/server.py SERVER_OPTIONS), gRPC's default would refuse them.
 CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 300_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
 ]
 
 

@@ -62,6 +62,12 @@ SERVICE_NAMES = (
 )
 
 R = TypeVar("R")
+# Agents ping every 10 s to find a dead connection (agent/link.py); accept pings down to 5 s apart.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 TASK_ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.PENDING})
 
 
@@ -533,7 +539,8 @@ def serve(
     service.on_round = metrics.observe_round
 
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gosched-grpc")
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gosched-grpc"),
+        options=SERVER_OPTIONS,
     )
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service, logs), server)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
