@@ -1,0 +1,36 @@
+"""The deployment files stay true to the code: the example config loads, and every gosched command
+line in the `ray up` file names a real command with real options."""
+
+import re
+import shlex
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from gosched.cli.main import app
+from gosched.common.config import load_settings
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def test_example_config_loads() -> None:
+    settings = load_settings(DEPLOY / "gosched.example.yaml")
+    assert settings.shards == 8
+    assert [q.name for q in settings.queues] == ["prod", "research", "batch"]
+    assert settings.ray_address == "auto"
+
+
+def test_ray_up_file_runs_real_gosched_commands() -> None:
+    cluster = yaml.safe_load((DEPLOY / "ray-cluster.yaml").read_text())
+    assert cluster["provider"]["type"] == "local"
+    lines = [*cluster["head_start_ray_commands"], *cluster["worker_start_ray_commands"]]
+    gosched_lines = [line for line in lines if "bin/gosched " in line]
+    assert {shlex.split(line)[2] for line in gosched_lines} == {"master", "agent"}
+    runner = CliRunner()
+    for line in gosched_lines:
+        words = shlex.split(line.split(">", 1)[0])
+        command, options = words[2], [w for w in words[3:] if w.startswith("--")]
+        help_text = runner.invoke(app, [command, "--help"], terminal_width=200).output
+        for option in options:
+            assert re.search(rf"{option}\b", help_text), f"gosched {command} has no {option}"
