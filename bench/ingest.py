@@ -10,6 +10,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import grpc
 
@@ -54,7 +55,12 @@ def _template(replicas: int) -> pb.JobSpec:
 
 
 def run_ingest(
-    tasks: int, *, replicas: int = 10, batch: int = 500, runtime: str = "local", nodes: int = 1000
+    tasks: int,
+    *,
+    replicas: int = 10,
+    batch: int = 500,
+    runtime: Literal["ray", "local"] = "local",
+    nodes: int = 1000,
 ) -> IngestResult:
     """Submit `tasks` tasks (jobs of `replicas` tasks, `batch` jobs a call) to a fresh master."""
     jobs = max(1, tasks // replicas)

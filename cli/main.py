@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 from typing import Annotated
 
 # gRPC's C core logs an INFO line each time Ray forks a worker while gRPC threads run; a person at
@@ -35,16 +36,24 @@ def bench(
     ] = "default",
     batch_size: Annotated[int, typer.Option(help="Units per shard batch.")] = 512,
     out: Annotated[str, typer.Option(help="Results folder (table, JSON, PNG).")] = "results/bench",
+    ingest: Annotated[
+        bool, typer.Option("--ingest", help="Measure ingest instead: tasks submitted through gRPC.")
+    ] = False,
+    replicas: Annotated[int, typer.Option(help="--ingest: tasks per job.")] = 10,
+    submit_batch: Annotated[int, typer.Option(help="--ingest: jobs per SubmitJobs call.")] = 500,
 ) -> None:
-    """Measure scheduling throughput, latency and conflicts per workload and shard count."""
+    """Measure scheduling throughput, latency and conflicts per workload and shard count (or, with
+    --ingest, how fast one gRPC client gets tasks accepted)."""
     import sys
-    from pathlib import Path
 
     from gosched.bench.in_process import profiles
     from gosched.bench.report import table, write
     from gosched.bench.runner import run_in_process, run_ray
     from gosched.bench.workloads import WORKLOADS
 
+    if ingest:
+        _bench_ingest(pods, replicas, submit_batch, "local" if in_process else "ray", nodes, Path(out))
+        return
     try:
         counts = [int(s) for s in shards.split(",") if s.strip()]
         chosen_profiles = profiles(profile)
@@ -78,6 +87,27 @@ def bench(
         typer.echo(f"wrote {path}")
 
 
+def _bench_ingest(tasks: int, replicas: int, batch: int, runtime: str, nodes: int, out: Path) -> None:
+    from gosched.bench.ingest import run_ingest
+    from gosched.bench.report import machine
+
+    if replicas < 1 or batch < 1 or tasks < 1:
+        typer.echo("error: --pods, --replicas and --submit-batch must be >= 1", err=True)
+        raise typer.Exit(2)
+    result = run_ingest(
+        tasks, replicas=replicas, batch=batch, runtime="local" if runtime == "local" else "ray", nodes=nodes
+    )
+    typer.echo(
+        f"{result.tasks_per_s:,.0f} tasks/s ingest ({result.accepted_tasks:,} tasks in {result.jobs:,} jobs "
+        f"of {replicas}, {batch} jobs a call, {runtime}; call p50 {result.p50_call_ms:.0f} ms, "
+        f"p99 {result.p99_call_ms:.0f} ms)"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "ingest.json"
+    path.write_text(json.dumps({"machine": machine(), "result": result.as_dict()}, indent=2))
+    typer.echo(f"wrote {path}")
+
+
 @app.command()
 def replay(
     seeds: Annotated[int, typer.Option(help="Seeds (runs) per policy.")] = 10,
@@ -95,7 +125,6 @@ def replay(
 ) -> None:
     """Replay the Alibaba GPU trace: FGD's fill-until-full experiment for each placement policy, or
     (--timed) its arrivals and lifetimes in time through the running system."""
-    from pathlib import Path
 
     from gosched.bench.replay import POLICIES, run_replay, table
     from gosched.bench.replay_report import write_results
