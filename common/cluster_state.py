@@ -4,6 +4,7 @@ The binder keeps the authoritative copy; each shard keeps a cached copy that it 
 binder's change log (`apply`). Rows are stable: a removed node leaves a tombstone row.
 """
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,11 @@ B = npt.NDArray[np.bool_]
 
 MAX_GPUS = 16  # GPUs per node the arrays hold; larger nodes are refused at registration
 NO_VICTIM = np.iinfo(np.int64).max
+
+# Metadata generations are drawn from one counter for every ClusterArrays in the process, so a
+# cache keyed by a generation can never mistake a new view (a shard's resync, whose rows may be in
+# another order) for an older one that happened to reach the same count of node changes.
+_GENERATIONS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -77,13 +83,15 @@ class ClusterArrays:
     task_row: dict[str, int] = field(default_factory=dict)
     extended_names: list[str] = field(default_factory=list)
     gpu_models: dict[str, int] = field(default_factory=dict)
-    # meta_generation bumps whenever node metadata (labels, taints, state, capacity) changes.
+    # meta_generation changes whenever node metadata (labels, taints, state, capacity) changes; it is
+    # unique across all ClusterArrays of the process (see _GENERATIONS).
     meta_generation: int = 0
     # Rows whose usage changed, in order; dynamic caches remember how far they have read.
     dirty_log: list[int] = field(default_factory=list)
     dirty_base: int = 0  # absolute position of dirty_log[0]
 
     def __post_init__(self) -> None:
+        self.meta_generation = next(_GENERATIONS)
         self._alloc(self.capacity)
 
     # -- storage --------------------------------------------------------------------------------
@@ -184,7 +192,7 @@ class ClusterArrays:
         self.alive[row] = True
         self.schedulable[row] = node.state == NodeState.READY
         self._recompute_usage(row)
-        self.meta_generation += 1
+        self.meta_generation = next(_GENERATIONS)
         self.mark_dirty(row)
         return row
 
@@ -220,7 +228,7 @@ class ClusterArrays:
         self.gpu_exists[row, :] = False
         self.gpu_count[row] = 0
         self._recompute_usage(row)
-        self.meta_generation += 1
+        self.meta_generation = next(_GENERATIONS)
         self.mark_dirty(row)
         return lost
 

@@ -36,6 +36,18 @@ class UnitContext:
         self.log.append((EVICT, node.name, resident))
         self.victims_by_job[resident.job_id] = self.victims_by_job.get(resident.job_id, 0) + 1
 
+    def drop_stale(self, state: ClusterArrays, task_id: str) -> None:
+        """The unit's own task is still resident in this (stale) view: the dispatcher sends only
+        tasks that hold nothing, so the binder has released it and this view has not heard yet.
+        Take it out for the attempt, logged like an eviction (undo puts it back, and the binder's
+        release then removes it for good); not a victim, so no disruption budget is charged."""
+        row = state.task_row[task_id]
+        resident = state.residents[row][task_id]
+        node = state.nodes[row]
+        assert node is not None
+        state.release(task_id)
+        self.log.append((EVICT, node.name, resident))
+
     def undo(self, state: ClusterArrays) -> None:
         """Revert this attempt's effects on the view, newest first (the log is kept for redo)."""
         for action, node, resident in reversed(self.log):
@@ -70,7 +82,7 @@ class UnitContext:
         tail = UnitContext(self.unit, log=self.log[log_len:])
         tail.undo(state)
         for action, _, resident in self.log[log_len:]:
-            if action == EVICT:
+            if action == EVICT and resident.job_id != self.unit.job.id:
                 self.victims_by_job[resident.job_id] -= 1
         del self.log[log_len:]
         del self.placements[placed:]

@@ -134,6 +134,21 @@ CASES: dict[str, Case] = {
         [prop(cpu_job("a", "1"), at(0, "n1"))],
         rejected=[("a", "node_schedulable", (0,))],
     ),
+    "node_draining": Case(
+        [replace(N4, state=NodeState.DRAINING)],
+        [prop(cpu_job("a", "1"), at(0, "n1"))],
+        rejected=[("a", "node_schedulable", (0,))],
+    ),
+    "last_free_gpu_two_proposals_first_wins": Case(
+        [N4],
+        [
+            prop(make_job("x").cpu("1").gpus(1).build(), at(0, "n1", ((1, 1000),))),
+            prop(make_job("y").cpu("1").gpus(1).build(), at(0, "n1", ((1, 1000),))),
+        ],
+        accepted={"x": [0]},
+        rejected=[("y", "gpus_free", (0,))],
+        before=[prop(HOLD_GPU0, at(0, "n1", ((0, 1000),)))],
+    ),
     "cpu_conflict_first_wins": Case(
         [N4],
         [prop(cpu_job("a", "3"), at(0, "n1")), prop(cpu_job("b", "3"), at(0, "n1"))],

@@ -9,18 +9,19 @@ import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gosched.binder.binder import Binder
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.config import Settings
-from gosched.common.job import Job, TaskGroup
+from gosched.common.job import Job, TaskGroup, task_id
+from gosched.common.messages import ProposalBatch
 from gosched.common.node import Node, make_node
 from gosched.common.resources import ResourceRequest
-from gosched.common.states import HOLDS_RESOURCES, JobState, TaskState
+from gosched.common.states import HOLDS_RESOURCES, TaskState
 from gosched.common.store import Store
+from gosched.dispatcher.records import job_state_of
 from gosched.runtime.pipeline import Pipeline
 
 GiB = 2**30
@@ -96,17 +97,62 @@ def assert_gangs_whole(p: Pipeline, all_jobs: list[Job]) -> None:
         assert holding == 0 or holding + finished >= job.min_member, (job.id, states)
         resident = sum(1 for tid in job.task_ids() if tid in p.binder.state.task_row)
         assert resident == holding
-        assert isinstance(p.dispatcher.job_state(job.id), JobState)
 
 
-def same_state(a: ClusterArrays, b: ClusterArrays) -> None:
-    assert a.row_of.keys() == b.row_of.keys()
-    for name, row in a.row_of.items():
-        other = b.row_of[name]
-        assert a.cpu_used[row] == b.cpu_used[other]
-        assert a.mem_used[row] == b.mem_used[other]
-        assert np.array_equal(a.gpu_free[row], b.gpu_free[other])
-        assert set(a.residents[row]) == set(b.residents[other])
+def assert_one_state_each(p: Pipeline, all_jobs: list[Job]) -> None:
+    """Every accepted job is in exactly one state, and every record of it says the same.
+
+    At rest (nothing in flight): each task has one state, which the dispatcher, the store and the
+    binder agree on (a task holds resources exactly when the binder has it resident, on the node
+    the store recorded); the job's state is the one its task states make; the store holds each
+    job once; and each job with pending tasks waits exactly once (queued, backing off or dormant).
+    """
+    d = p.dispatcher
+    assert d.in_flight_count() == 0
+    stored = p.store.load_jobs()
+    assert sorted(job.id for job, _ in stored) == sorted(job.id for job in all_jobs)
+    rows_of = {job.id: rows for job, rows in stored}
+    waiting = 0
+    for job in all_jobs:
+        states = d.task_states(job.id)
+        assert all(isinstance(s, TaskState) for s in states)
+        assert TaskState.SCHEDULED not in states  # nothing is in flight
+        assert d.job_state(job.id) == job_state_of(states, job.min_member, False)
+        rows = rows_of[job.id]
+        assert [idx for idx, *_ in rows] == list(range(job.total_replicas))
+        for (idx, stored_state, node, gpus), state in zip(rows, states, strict=True):
+            tid = task_id(job.id, idx)
+            assert stored_state == state, (tid, stored_state, state)
+            got = p.binder.resident(tid)
+            assert (got is not None) == (state in HOLDS_RESOURCES), (tid, state)
+            if got is not None:
+                assert (node, gpus) == (got[0], got[1].gpus)
+        waiting += TaskState.PENDING in states
+    assert d.pending_count() == waiting
+
+
+def restarted_pipeline(db: str, shards: int) -> Pipeline:
+    return Pipeline(Settings(store_path=db, shards=shards, retry_backoff_s=0.0, batch_size=3))
+
+
+def assert_restart_sees_the_same(p: Pipeline, db: str, shards: int, all_jobs: list[Job]) -> Pipeline:
+    """A binder and a dispatcher rebuilt from the store alone have the state of the live ones."""
+    reopened = Binder(Store(db))
+    assert reopened.view() == p.binder.view()  # nodes, usage, every GPU's share, residents
+    assert reopened.version == p.binder.version
+    reopened.store.close()
+    view, version = p.binder.view(), p.binder.version
+    states = {job.id: (p.dispatcher.job_state(job.id), p.dispatcher.task_states(job.id)) for job in all_jobs}
+    waiting = p.dispatcher.pending_count()
+    p.close()
+    q = restarted_pipeline(db, shards)
+    assert q.binder.view() == view and q.binder.version == version
+    assert {
+        job.id: (q.dispatcher.job_state(job.id), q.dispatcher.task_states(job.id)) for job in all_jobs
+    } == states
+    assert q.dispatcher.pending_count() == waiting
+    assert_one_state_each(q, all_jobs)
+    return q
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -132,10 +178,72 @@ def test_pipeline_invariants(
         p.run_until_idle(max_rounds=200)
         assert_not_overcommitted(p.binder.state)
         assert_gangs_whole(p, all_jobs)
+        assert_one_state_each(p, all_jobs)
         for tid in done:
             job_id, idx = tid.rsplit("/", 1)
             assert p.dispatcher.task_states(job_id)[int(idx)] == TaskState.SUCCEEDED
-        # a restarted binder sees exactly the same cluster
-        reopened = Binder(Store(db))
-        same_state(p.binder.state, reopened.state)
-        p.close()
+        # a restarted binder (and dispatcher) sees exactly the same cluster and jobs, and goes on
+        q = assert_restart_sees_the_same(p, db, shards, all_jobs)
+        q.run_until_idle(max_rounds=200)
+        assert_not_overcommitted(q.binder.state)
+        assert_gangs_whole(q, all_jobs)
+        assert_one_state_each(q, all_jobs)
+        q.close()
+
+
+def interleaved_round(p: Pipeline, held: list[ProposalBatch], data: st.DataObject) -> bool:
+    """One round with the binder's arrivals in a drawn order: every shard plans on the view it
+    has; some batches are held back (still in flight: their shards plan the next round on stale
+    views); the shards whose batches go reach the binder in a drawn order, each shard's batches in
+    the order it sent them."""
+    loads = [len(s.inflight) for s in p.shards]
+    batches = p.dispatcher.next_batches(loads)
+    held.extend(p.shards[b.shard_id].schedule(b) for b in batches)
+    if not held:
+        return False
+    # with nothing new dispatched, everything held goes (the run must come to rest)
+    go = [b for b in held if not batches or data.draw(st.integers(0, 3)) > 0]
+    senders = list(dict.fromkeys(b.shard_id for b in go))
+    shard_order = data.draw(st.permutations(senders))
+    held[:] = [b for b in held if all(b is not g for g in go)]
+    for shard_id in shard_order:
+        for batch in (b for b in go if b.shard_id == shard_id):
+            reply = p.binder.commit(batch)
+            if reply.rejected:
+                event("the binder rejected a stale proposal")
+            if reply.evicted:
+                event("a proposal preempted")
+            p.shards[batch.shard_id].apply_reply(reply)
+            orphaned = p.dispatcher.on_reply(reply)
+            if orphaned:
+                p.binder.release(orphaned, TaskState.CANCELLED.value)
+            if batch.unschedulable:
+                p.dispatcher.on_unschedulable(batch.unschedulable)
+            assert_not_overcommitted(p.binder.state)
+    return True
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=clusters(), first=jobs("a"), second=jobs("b"), shards=st.integers(2, 3), data=st.data())
+def test_interleaved_shard_proposals_keep_every_invariant(
+    nodes: list[Node], first: list[Job], second: list[Job], shards: int, data: st.DataObject
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "gs.db")
+        p = Pipeline(Settings(store_path=db, shards=shards, retry_backoff_s=0.0, batch_size=2), nodes=nodes)
+        held: list[ProposalBatch] = []
+        p.submit_many(first)
+        for _ in range(data.draw(st.integers(0, 4))):
+            interleaved_round(p, held, data)
+        p.submit_many(second)
+        for _ in range(300):
+            if not interleaved_round(p, held, data) and not held:
+                break
+        assert not held
+        p.run_until_idle(max_rounds=300)
+        all_jobs = first + second
+        assert_not_overcommitted(p.binder.state)
+        assert_gangs_whole(p, all_jobs)
+        assert_one_state_each(p, all_jobs)
+        q = assert_restart_sees_the_same(p, db, shards, all_jobs)
+        q.close()

@@ -4,6 +4,8 @@ Each uses the node's usage after placing the task, per requested resource, on a 
 Rows where the task does not fit are masked by the filters, so no clipping is needed here.
 """
 
+from typing import Any
+
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
@@ -12,18 +14,23 @@ from gosched.scheduler_shard.framework.interfaces import Rows, ScorePlugin, Scor
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
 
-_memo: dict[str, object] = {"key": None, "value": None}
+# The last call's (rows, state, class, view position) and its result. The objects themselves are
+# kept (and compared by identity), not their id()s: a freed object's id is soon reused (slices
+# especially), and an id match would hand one view's fractions to another.
+_memo: list[Any] = [None, None, None, -1, None]
 
 
 def fractions_after(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[np.ndarray]:
     """Used/capacity after placement for each resource the task asks for (cpu always).
 
     Several scores need the same fractions for the same rows in one refresh: memoised on the
-    (rows object, view position, class) so they are computed once.
+    (rows object, view, view position, class) so they are computed once.
     """
-    key = (id(rows), state.dirty_position, id(tc))
-    if _memo["key"] == key:
-        return _memo["value"]  # type: ignore[return-value]
+    memo = _memo
+    position = state.dirty_position
+    if memo[0] is rows and memo[1] is state and memo[2] is tc and memo[3] == position:
+        hit: list[np.ndarray] = memo[4]
+        return hit
     req = tc.request
     out = [(state.cpu_used[rows] + req.cpu_milli) / np.maximum(state.cpu_cap[rows], 1)]
     if req.memory:
@@ -31,7 +38,7 @@ def fractions_after(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[np.
     if req.wants_gpu:
         cap = np.maximum(state.gpu_count[rows].astype(np.int64) * GPU_MILLI, 1)
         out.append((state.gpu_used_total[rows] + req.gpu_total_milli) / cap)
-    _memo["key"], _memo["value"] = key, out
+    memo[:] = [rows, state, tc, position, out]
     return out
 
 

@@ -1,0 +1,394 @@
+"""Core rules without a table elsewhere: the task-state machine, the plugin registry and profiles,
+and the shard's caches (per-class results kept up to date row by row, and never carried over to a
+different view).
+"""
+
+from dataclasses import replace
+from itertools import pairwise, product
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.config import PluginWeight, ProfileConfig
+from gosched.common.errors import IllegalTransition
+from gosched.common.job import Job, TaskGroup, Toleration
+from gosched.common.messages import NodeUpserted, TaskBound
+from gosched.common.node import Gpu, Node, NodeState, Taint, TaintEffect
+from gosched.common.resources import ResourceRequest
+from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, TaskState, check_transition
+from gosched.scheduler_shard.class_cache import ClassCache
+from gosched.scheduler_shard.framework import registry
+from gosched.scheduler_shard.framework.interfaces import (
+    CandidateSortingPlugin,
+    FilterPlugin,
+    GroupingPlugin,
+    LocatingPlugin,
+    Rows,
+    ScorePlugin,
+    Scores,
+    UnitFilterPlugin,
+    VictimSearchingPlugin,
+)
+from gosched.scheduler_shard.framework.profile import build_profile
+from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
+from gosched.scheduler_shard.gpu_assign import choose_gpus
+from gosched.scheduler_shard.plugins.allocation_scores import fractions_after
+from gosched.scheduler_shard.shard import SchedulerShard
+from tests.builders import make_job, make_node
+from tests.shard_helpers import profile_with_scores, run_units, shard_with
+
+S = TaskState
+
+# -- the task-state machine -------------------------------------------------------------------------
+# The intended edges, written out (not read from LEGAL) so that a change to the machine is a
+# deliberate change to this table too. The issue's lifecycle: pending -> scheduled -> bound ->
+# running -> succeeded/failed, plus preempted and cancelled; the rest are the requeue edges.
+EXPECTED_LEGAL = {
+    (S.PENDING, S.SCHEDULED),  # dispatched to a shard
+    (S.PENDING, S.BOUND),  # bound while the dispatcher had it back as pending (a late reply)
+    (S.PENDING, S.CANCELLED),
+    (S.SCHEDULED, S.BOUND),  # the binder committed it
+    (S.SCHEDULED, S.PENDING),  # rejected or unschedulable: queued again
+    (S.SCHEDULED, S.CANCELLED),
+    (S.BOUND, S.RUNNING),
+    (S.BOUND, S.SUCCEEDED),
+    (S.BOUND, S.FAILED),
+    (S.BOUND, S.PREEMPTED),
+    (S.BOUND, S.CANCELLED),
+    (S.BOUND, S.PENDING),  # its node was lost before it started
+    (S.RUNNING, S.SUCCEEDED),
+    (S.RUNNING, S.FAILED),
+    (S.RUNNING, S.PREEMPTED),
+    (S.RUNNING, S.CANCELLED),
+    (S.RUNNING, S.PENDING),  # its node was lost
+    (S.PREEMPTED, S.PENDING),  # requeued for a new attempt
+    (S.PREEMPTED, S.CANCELLED),
+}
+ALL_PAIRS = list(product(TaskState, TaskState))
+
+
+@pytest.mark.parametrize(("current", "target"), ALL_PAIRS, ids=[f"{a}->{b}" for a, b in ALL_PAIRS])
+def test_every_transition_is_legal_or_raises(current: TaskState, target: TaskState) -> None:
+    if (current, target) in EXPECTED_LEGAL:
+        check_transition("j/0", current, target)
+        assert target in LEGAL[current]
+    else:
+        with pytest.raises(IllegalTransition, match=rf"task j/0: {current.value} -> {target.value} "):
+            check_transition("j/0", current, target)
+
+
+def test_the_lifecycle_of_the_issue_is_a_path_of_legal_edges() -> None:
+    for path in (
+        [S.PENDING, S.SCHEDULED, S.BOUND, S.RUNNING, S.SUCCEEDED],
+        [S.PENDING, S.SCHEDULED, S.BOUND, S.RUNNING, S.FAILED],
+        [S.PENDING, S.SCHEDULED, S.BOUND, S.RUNNING, S.PREEMPTED, S.PENDING, S.SCHEDULED],
+        [S.PENDING, S.SCHEDULED, S.BOUND, S.CANCELLED],
+    ):
+        for a, b in pairwise(path):
+            check_transition("j/0", a, b)
+
+
+def test_terminal_states_have_no_way_out_and_hold_nothing() -> None:
+    assert {S.SUCCEEDED, S.FAILED, S.CANCELLED} == TERMINAL
+    for state in TERMINAL:
+        assert LEGAL[state] == frozenset()
+    assert {S.BOUND, S.RUNNING} == HOLDS_RESOURCES
+    assert set(LEGAL) == set(TaskState)  # every state has a row
+
+
+# -- the plugin registry and profiles ---------------------------------------------------------------
+ISSUE_PLUGINS = {
+    FilterPlugin: [
+        "resources_fit",
+        "gpu_model",
+        "gpu_memory",
+        "node_ready",
+        "node_selector",
+        "node_affinity",
+        "taint_toleration",
+    ],
+    UnitFilterPlugin: ["anti_affinity"],
+    ScorePlugin: [
+        "preferred_affinity",
+        "taint_prefer_no_schedule",
+        "most_allocated",
+        "least_allocated",
+        "balanced_allocation",
+        "gpu_topology",
+        "gpu_fragmentation",
+    ],
+    LocatingPlugin: ["partition_first"],
+    GroupingPlugin: ["topology_domain"],
+    VictimSearchingPlugin: ["priority_victims", "capacity_reclaim"],
+    CandidateSortingPlugin: ["lexicographic"],
+}
+
+
+@pytest.mark.parametrize("kind", list(ISSUE_PLUGINS), ids=lambda k: k.__name__)
+def test_every_plugin_of_the_issue_is_registered_by_name(kind: type) -> None:
+    for name in ISSUE_PLUGINS[kind]:
+        assert name in registry.names(kind)
+        assert isinstance(registry.create(name, kind), kind)
+
+
+def test_unknown_and_mistyped_plugin_names_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"unknown FilterPlugin 'no_such' \(known: .*resources_fit"):
+        registry.create("no_such", FilterPlugin)
+    with pytest.raises(ValueError, match="plugin 'most_allocated' is a ScorePlugin, not a FilterPlugin"):
+        registry.create("most_allocated", FilterPlugin)
+    with pytest.raises(ValueError, match="unknown"):
+        build_profile(ProfileConfig(filters=["node_ready", "typo_fit"]))
+
+
+def test_a_name_is_registered_once() -> None:
+    class Nameless(ScorePlugin):
+        pass
+
+    with pytest.raises(ValueError, match="no plugin name"):
+        registry.register(Nameless)
+
+    class Clash(ScorePlugin):
+        name = "most_allocated"
+
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(Clash)
+
+
+def test_profile_is_built_from_names_and_weights() -> None:
+    cfg = ProfileConfig(
+        filters=["node_ready", "resources_fit", "node_selector", "anti_affinity"],
+        scores=[
+            PluginWeight(name="least_allocated", weight=3.0),
+            PluginWeight(name="gpu_topology", weight=0.0),
+        ],
+        victim_searching=["priority_victims"],
+        candidate_sorting=["lexicographic"],
+        locating=[],
+        grouping=["topology_domain"],
+    )
+    p = build_profile(cfg)
+    assert [f.name for f in p.static_filters] == ["node_ready", "node_selector"]
+    assert [f.name for f in p.dynamic_filters] == ["resources_fit"]
+    assert [f.name for f in p.unit_filters] == ["anti_affinity"]
+    assert [(s.name, w) for s, w in p.scores] == [("least_allocated", 3.0)]  # weight 0: left out
+    assert [v.name for v in p.victim_searching] == ["priority_victims"]
+    assert [c.name for c in p.candidate_sorting] == ["lexicographic"]
+    assert p.locating == [] and [g.name for g in p.grouping] == ["topology_domain"]
+
+
+@registry.register
+class _PreferNodeZ(ScorePlugin):
+    """A plugin from outside the built-ins: 100 on node "z", 0 elsewhere."""
+
+    name = "test_prefer_node_z"
+
+    def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
+        names = [None if n is None else n.name for n in state.nodes]
+        return np.array([100.0 if name == "z" else 0.0 for name in names[: state.n]])[rows]
+
+
+def test_a_registered_plugin_runs_when_a_profile_names_it() -> None:
+    nodes = [make_node(n).build() for n in ("a", "z", "b")]
+    job = make_job("j").cpu("1").build()
+    assert run_units(shard_with(nodes), [job]).proposals[0].placements[0].node == "a"  # tie: first
+    shard = shard_with(nodes, profile=profile_with_scores("test_prefer_node_z"))
+    assert run_units(shard, [job]).proposals[0].placements[0].node == "z"
+
+
+# -- caches: a shard's view replaced by a resync ------------------------------------------------------
+def test_gpu_eligibility_is_not_carried_over_to_a_resynced_view() -> None:
+    # The first view: a (small GPUs) at row 0, b (big GPUs) at row 1. After a resync the view is
+    # b, c in rows 0, 1 (a is gone, c is new) and has seen as many node changes as the first: a cache
+    # keyed by a per-view generation count would still think b's row holds small GPUs.
+    small = make_node("a").gpus(4, memory_mib=16384).build()
+    big = make_node("b").gpus(4, memory_mib=81920).build()
+    other = make_node("c").gpus(4, memory_mib=16384).build()
+    shard = SchedulerShard(0)
+    shard.sync([NodeUpserted(small), NodeUpserted(big)], 2)
+
+    def job(i: int) -> Job:
+        return make_job(f"j{i}").cpu("1").gpus(1).gpu_memory(40000).build()
+
+    assert run_units(shard, [job(1)]).proposals[0].placements[0].node == "b"
+    shard.inflight.clear()  # answered (rejected): nothing of it stays assumed
+    shard.sync([NodeUpserted(big), NodeUpserted(other)], 10, resync=True)
+    out = run_units(shard, [job(2)])
+    assert out.unschedulable == []
+    assert out.proposals[0].placements[0].node == "b"
+
+
+def test_partition_rows_are_not_carried_over_to_a_resynced_view() -> None:
+    nodes = [make_node(n).build() for n in ("a", "b", "c")]
+    shard = SchedulerShard(0, profile_with_scores("most_allocated"))
+    shard.sync([NodeUpserted(n) for n in nodes], 3)
+    shard.set_partition(["c"])
+    assert run_units(shard, [make_job("j1").cpu("1").build()]).proposals[0].placements[0].node == "c"
+    shard.inflight.clear()
+    # the same three nodes in another row order
+    shard.sync([NodeUpserted(nodes[2]), NodeUpserted(nodes[0]), NodeUpserted(nodes[1])], 9, resync=True)
+    assert run_units(shard, [make_job("j2").cpu("1").build()]).proposals[0].placements[0].node == "c"
+
+
+def test_memoised_fractions_belong_to_one_view() -> None:
+    tc = class_of(TaskGroup("main", 1, ResourceRequest(cpu_milli=1000), ("true",)))
+    rows = slice(0, 1)
+    views = []
+    for used in (0, 7000):
+        state = ClusterArrays()
+        state.upsert_node(make_node("n").cpu("8").build())
+        if used:
+            job = make_job("f").cpu(str(used // 1000)).build()
+            state.place(0, Resident.for_task(job, 0, (), 0.0))
+        else:
+            state.mark_dirty(0)
+        views.append(state)
+    # the same rows object, the same class, the same log position (each view logged two row
+    # changes): the second call must still read its own view
+    assert views[0].dirty_position == views[1].dirty_position
+    first = fractions_after(tc, views[0], rows)[0][0]
+    second = fractions_after(tc, views[1], rows)[0][0]
+    assert (first, second) == (1 / 8, 1.0)
+
+
+# -- property: per-class results kept row by row equal a fresh computation ----------------------------
+GiB = 2**30
+MODELS = ["A100", "V100"]
+
+
+@st.composite
+def cache_nodes(draw: st.DrawFn, name: str) -> Node:
+    n_gpus = draw(st.sampled_from([0, 0, 1, 2, 4]))
+    gpus = tuple(
+        Gpu(
+            g,
+            f"{name}-{g}",
+            draw(st.sampled_from(MODELS)),
+            draw(st.sampled_from([16384, 81920])),
+            g // 2,
+            ((g ^ 1,) if (g ^ 1) < n_gpus else ()),
+        )
+        for g in range(n_gpus)
+    )
+    taints: tuple[Taint, ...] = ()
+    if draw(st.integers(0, 3)) == 0:
+        taints = (Taint("t", "x", draw(st.sampled_from(list(TaintEffect)))),)
+    return Node(
+        name,
+        draw(st.integers(2, 16)) * 1000,
+        draw(st.integers(2, 32)) * GiB,
+        gpus,
+        (("zone", draw(st.sampled_from(["a", "b"]))),),
+        taints,
+        (("fpga", 2),) if draw(st.booleans()) else (),
+        draw(st.sampled_from([NodeState.READY, NodeState.READY, NodeState.CORDONED])),
+    )
+
+
+@st.composite
+def cache_groups(draw: st.DrawFn) -> TaskGroup:
+    kind = draw(st.sampled_from(["cpu", "whole", "share"]))
+    req = ResourceRequest(
+        cpu_milli=draw(st.integers(1, 4)) * 500,
+        memory=draw(st.integers(0, 4)) * GiB,
+        gpus=draw(st.integers(1, 2)) if kind == "whole" else 0,
+        gpu_milli=draw(st.sampled_from([250, 500])) if kind == "share" else 0,
+        gpu_memory_mib=draw(st.sampled_from([0, 40000])) if kind != "cpu" else 0,
+        extended=(("fpga", 1),) if draw(st.integers(0, 4)) == 0 else (),
+    )
+    return TaskGroup(
+        "main",
+        1,
+        req,
+        ("true",),
+        gpu_models=tuple(draw(st.sets(st.sampled_from(MODELS), max_size=1))) if kind != "cpu" else (),
+        node_selector=(("zone", "a"),) if draw(st.integers(0, 3)) == 0 else (),
+        tolerations=(Toleration("t", "Exists"),) if draw(st.booleans()) else (),
+    )
+
+
+def same_results(kept: np.ndarray, fresh: np.ndarray) -> bool:
+    finite = np.isfinite(fresh)
+    return bool((np.isfinite(kept) == finite).all() and np.allclose(kept[finite], fresh[finite]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_class_cache_kept_row_by_row_equals_a_fresh_computation(data: st.DataObject) -> None:
+    draw = data.draw
+    profile = build_profile(ProfileConfig())
+    state = ClusterArrays()
+    for i in range(draw(st.integers(1, 5))):
+        state.upsert_node(draw(cache_nodes(f"n{i}")))
+    groups = draw(st.lists(cache_groups(), min_size=1, max_size=4))
+    cache = ClassCache(profile)
+    placed = 0
+    for _ in range(draw(st.integers(1, 25))):
+        op = draw(st.sampled_from(["place", "place", "place", "release", "node", "node-state", "remove"]))
+        live = state.live_rows()
+        if op == "place" and live:
+            group = draw(st.sampled_from(groups))
+            row = draw(st.sampled_from(live))
+            gpus = choose_gpus(cache.entry(group, state).tc, state, row)
+            job = Job(f"t{placed}", (replace(group, replicas=1),))
+            resident = Resident.for_task(job, 0, gpus or (), 0.0)
+            if gpus is not None and state.fits(row, resident) is None:
+                state.place(row, resident)
+                placed += 1
+        elif op == "release" and state.task_row:
+            state.release(draw(st.sampled_from(sorted(state.task_row))))
+        elif op == "node":
+            state.upsert_node(draw(cache_nodes(f"n{state.n}")))
+        elif op == "node-state" and live:
+            node = state.nodes[draw(st.sampled_from(live))]
+            assert node is not None
+            state.set_state(node.name, draw(st.sampled_from(list(NodeState))))
+        elif op == "remove" and len(live) > 1:
+            node = state.nodes[draw(st.sampled_from(live))]
+            assert node is not None
+            state.remove_node(node.name)
+        # the shard compacts its dirty log up to the oldest reader after each batch
+        oldest = cache.oldest_position()
+        state.compact_dirty_log(state.dirty_position if oldest is None else oldest)
+        for group in draw(st.lists(st.sampled_from(groups), max_size=len(groups))):
+            kept = cache.entry(group, state)
+            fresh = ClassCache(profile).entry(group, state)
+            assert np.array_equal(kept.static_ok, fresh.static_ok)
+            assert same_results(kept.eff, fresh.eff), (group, kept.eff, fresh.eff)
+
+
+def test_identical_tasks_share_one_class_entry() -> None:
+    shard = shard_with([make_node("n").build()])
+    job = make_job("j").cpu("1").replicas(5).build()
+    run_units(shard, [job, make_job("k").cpu("1").build()])
+    assert len(shard.cache.entries) == 1
+    run_units(shard, [make_job("other").cpu("2").build()])
+    assert len(shard.cache.entries) == 2
+
+
+def test_a_shard_view_follows_the_binder_changes_incrementally() -> None:
+    node = make_node("n").cpu("4").build()
+    shard = shard_with([node])
+    first = make_job("a").cpu("3").build()
+    shard.sync([TaskBound("n", Resident.for_task(first, 0, (), 0.0))], shard.version + 1)
+    out = run_units(shard, [make_job("b").cpu("2").build()])
+    assert out.proposals == []  # 1 CPU left
+    from gosched.common.messages import TaskReleased
+
+    shard.sync([TaskReleased("a/0", "succeeded")], shard.version + 1)
+    assert run_units(shard, [make_job("c").cpu("2").build()]).proposals[0].placements[0].node == "n"
+
+
+def test_taint_effects_round_trip_through_the_view() -> None:
+    # A NoExecute taint applied by a node update rules the node out at once for untolerating tasks.
+    node = make_node("n").build()
+    shard = shard_with([node])
+    job = make_job("j").cpu("1").build()
+    assert run_units(shard, [job]).proposals
+    shard.inflight.clear()
+    tainted = replace(node, taints=(Taint("maint", "", TaintEffect.NO_EXECUTE),))
+    shard.sync([NodeUpserted(tainted)], shard.version + 1)
+    out = run_units(shard, [make_job("k").cpu("1").build()])
+    assert out.proposals == [] and "taint maint" in out.unschedulable[0].diagnosis.ruled_out
