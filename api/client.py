@@ -16,7 +16,7 @@ Every failed call raises a `GoschedError` subclass carrying the gRPC code and th
 
 import builtins
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -141,6 +141,27 @@ class Client:
             self._jobs.SubmitJob, jobs_pb2.SubmitJobRequest(spec=msg, submission_id=submission_id)
         )
         return str(reply.job_id)
+
+    def submit_many(
+        self, specs: Sequence[Mapping[str, Any] | Job], *, submission_ids: Sequence[str] = ()
+    ) -> builtins.list[str]:
+        """Submit jobs in one call, all or none (a bad one names itself: "jobs[3].cpu: ...").
+        Returns their ids in order; `submission_ids`, if given, pairs one with each spec."""
+        if submission_ids and len(submission_ids) != len(specs):
+            raise ValueError(f"{len(submission_ids)} submission ids for {len(specs)} specs")
+        request = jobs_pb2.SubmitJobsRequest()
+        for i, spec in enumerate(specs):
+            if isinstance(spec, Job):
+                msg = convert.job_to_proto_spec(spec)
+            else:
+                try:
+                    job = job_from_spec(spec)
+                except SpecError as exc:
+                    raise InvalidArgument(f"jobs[{i}].{exc}", field=f"jobs[{i}].{exc.field}") from None
+                msg = convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
+            request.jobs.add(spec=msg, submission_id=submission_ids[i] if submission_ids else "")
+        reply = self._call(self._jobs.SubmitJobs, request)
+        return [str(j) for j in reply.job_ids]
 
     def get(self, job_id: str) -> JobInfo:
         return convert.job_info_from_proto(

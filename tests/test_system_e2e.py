@@ -182,12 +182,14 @@ def test_cli_submit_wait_and_listing(system: tuple[ServerHandle, Client, Agents]
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert client.get("from-cli").state is JobState.SUCCEEDED
     bad = subprocess.run(
-        [*gosched, "submit", "--cpus", "0.5", "--mem", "64Mi", "--selector", "pool=e2e", "--name", "cli-fails",
-         "--wait", "--", "sh", "-c", "exit 4"],
+        [*gosched, "submit", "--cpus", "0.5", "--mem", "64Mi", "--selector", "pool=e2e",
+         "--name", "cli-fails", "--wait", "--", "sh", "-c", "exit 4"],
         env=env, capture_output=True, text=True, timeout=90,
     )
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    listed = subprocess.run([*gosched, "nodes", "-o", "json"], env=env, capture_output=True, text=True, timeout=30)
+    listed = subprocess.run(
+        [*gosched, "nodes", "-o", "json"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert listed.returncode == 0, listed.stderr
     names = {n["name"] for n in json.loads(listed.stdout)}
     assert {"e2e-a", "e2e-b"} <= names
@@ -258,3 +260,50 @@ def test_master_restart_keeps_running_and_pending_jobs(tmp_path: Path) -> None:
     finally:
         agents.stop_all()
         handle.stop()
+
+
+def test_master_loses_a_shard_actor_while_10000_jobs_flow(tmp_path: Path) -> None:
+    """The master's own loop (RayControl.step), not the batch driver: a shard actor killed mid-flow
+    is restarted, its units go back to the queue, and every job is bound exactly once."""
+    import ray
+
+    from gosched.runtime.ray_control import RayControl
+    from gosched.runtime.simulation import sim_nodes
+
+    handle = serve(
+        _settings(tmp_path / "gosched.db", batch_size=256), sim_nodes(200), grpc_port=0, http_port=None,
+        host="127.0.0.1", runtime="ray", wait_ready=True,
+    )
+    try:
+        with Client(handle.target, timeout=60) as client:
+            # 10,000 half-core tasks on 9,600 cores: they all fit.
+            specs = [{"id": f"j{i}", "cpu": "500m", "memory": "1Gi", "command": "true"} for i in range(10_000)]
+            client.submit_many(specs[:5_000])
+            control = handle.service.control
+            assert isinstance(control, RayControl)
+            wait_for("work flowing", lambda: client.status()["bound_tasks"] > 500)
+            ray.kill(control.rs.shards[0], no_restart=False)
+            client.submit_many(specs[5_000:])
+            wait_for("every job bound", lambda: client.status()["bound_tasks"] >= 10_000, timeout=120)
+            time.sleep(0.5)
+            with handle.service.lock:
+                resident = control.rs.resident_ids()
+            assert len(resident) == len(set(resident)) == 10_000
+            assert control.rs.counters["shard_restarts"] >= 1
+            assert all(j.state is JobState.RUNNING for j in client.list())
+    finally:
+        handle.stop()
+
+
+def test_gosched_up_shows_the_system_working(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gosched.cli.main", "up", "--exit-after-demo", "--sim-nodes", "4",
+         "--shards", "2", "--grpc-port", "0", "--http-port", "0", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "cluster: 5 nodes" in out
+    assert "hello from gosched on" in out
+    assert "too few GPUs" in out
+    assert "up and working in" in out
