@@ -277,7 +277,8 @@ def test_master_loses_a_shard_actor_while_10000_jobs_flow(tmp_path: Path) -> Non
     try:
         with Client(handle.target, timeout=60) as client:
             # 10,000 half-core tasks on 9,600 cores: they all fit.
-            specs = [{"id": f"j{i}", "cpu": "500m", "memory": "1Gi", "command": "true"} for i in range(10_000)]
+            spec = {"cpu": "500m", "memory": "1Gi", "command": "true"}
+            specs = [{"id": f"j{i}", **spec} for i in range(10_000)]
             client.submit_many(specs[:5_000])
             control = handle.service.control
             assert isinstance(control, RayControl)
