@@ -12,7 +12,7 @@ from typing import Any, cast
 from gosched.common.errors import SpecError
 from gosched.common.job import Job, TaskGroup
 from gosched.common.node import Node, NodeState
-from gosched.common.spec import group_from_spec, job_from_spec, job_to_spec, node_from_spec
+from gosched.common.spec import gpu_spec, group_from_spec, job_from_spec, job_to_spec, node_from_spec
 from gosched.common.states import JobState, TaskState
 from gosched.proto.v1 import types_pb2 as pb
 
@@ -305,17 +305,7 @@ def node_from_proto(msg: pb.Node) -> Node:
     """Validate a Node message (e.g. an agent's registration) into a Node; SpecError if invalid."""
     spec: dict[str, Any] = {"name": msg.name, "cpu": f"{msg.cpu_milli}m", "memory": msg.memory}
     if msg.gpus:
-        spec["gpus"] = [
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "model": g.model,
-                "memory_mib": g.memory_mib,
-                "numa_node": g.numa_node,
-                "nvlink_peers": list(g.nvlink_peers),
-            }
-            for g in msg.gpus
-        ]
+        spec["gpus"] = [gpu_spec(g) for g in msg.gpus]
     if msg.labels:
         spec["labels"] = dict(msg.labels)
     if msg.taints:

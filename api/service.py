@@ -15,14 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TypeAlias
 
 from gosched.common.config import QueueConfig
 from gosched.common.errors import SpecError
 from gosched.common.job import Job, task_id
 from gosched.common.node import NodeState
-from gosched.common.snapshots import JobSnapshot, NodeSnapshot
+from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TERMINAL, JobState, TaskState
 from gosched.runtime.control import ControlPlane
 
@@ -86,24 +86,8 @@ class QueueView:
 
 
 @dataclass(frozen=True, slots=True)
-class StatusView:
-    ready: bool
-    nodes: int = 0
-    schedulable_nodes: int = 0
-    cpu_milli: int = 0
-    cpu_used_milli: int = 0
-    memory: int = 0
-    memory_used: int = 0
-    gpu_milli: int = 0
-    gpu_used_milli: int = 0
-    active_jobs: int = 0
-    pending_jobs: int = 0
-    in_flight_units: int = 0
-    rounds: int = 0
-    bound_tasks: int = 0
-    binder_conflicts: int = 0
-    binder_version: int = 0
-    shards: int = 0
+class StatusView(Counters):
+    ready: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +363,7 @@ class SchedulerService:
             return StatusView(ready=False)
         with self.lock:
             c = self.control.counters()
-        return StatusView(ready=True, **{f: getattr(c, f) for f in c.__dataclass_fields__})
+        return StatusView(ready=True, **{f.name: getattr(c, f.name) for f in fields(c)})
 
     def pending_tasks(self) -> int:
         """Tasks waiting to be placed, over every job still known (for the metrics)."""

@@ -927,21 +927,23 @@ def node_from_spec(spec: Mapping[str, Any]) -> Node:
     )
 
 
+def gpu_spec(g: Any) -> dict[str, Any]:
+    """The spec of one GPU, from a Gpu or anything with its fields (e.g. its protobuf message)."""
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "model": g.model,
+        "memory_mib": g.memory_mib,
+        "numa_node": g.numa_node,
+        "nvlink_peers": list(g.nvlink_peers),
+    }
+
+
 def node_to_spec(node: Node) -> dict[str, Any]:
     """The spec of a node; `node_from_spec` turns it back into `node`."""
     spec: dict[str, Any] = {"name": node.name, "cpu": format_milli(node.cpu_milli), "memory": node.memory}
     if node.gpus:
-        spec["gpus"] = [
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "model": g.model,
-                "memory_mib": g.memory_mib,
-                "numa_node": g.numa_node,
-                "nvlink_peers": list(g.nvlink_peers),
-            }
-            for g in node.gpus
-        ]
+        spec["gpus"] = [gpu_spec(g) for g in node.gpus]
     if node.labels:
         spec["labels"] = dict(node.labels)
     if node.taints:
