@@ -1,0 +1,78 @@
+"""Prometheus metrics of one scheduler service (served at /metrics by gosched.api.http)."""
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gosched.api.service import SchedulerService, Unavailable
+from gosched.runtime.control import ControlPlane
+
+
+class SchedulerMetrics:
+    """Prometheus metrics of one service, in their own registry (several servers per process work).
+
+    Counters and gauges are read from the control plane at scrape time; the latency histogram is
+    fed after each round with the latencies of the tasks bound since the round before.
+    """
+
+    def __init__(self, service: SchedulerService) -> None:
+        self.service = service
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.latency = Histogram(
+            "gosched_bind_latency_seconds",
+            "Seconds from dispatch to bind, per task",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        self.registry.register(self)
+
+    def observe_round(self, control: ControlPlane) -> None:
+        for seconds in control.drain_latencies():
+            self.latency.observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.service
+        ready = GaugeMetricFamily("gosched_ready", "1 when the scheduler is ready to serve")
+        ready.add_metric([], 1.0 if s.ready else 0.0)
+        yield ready
+        if not s.ready:
+            return
+        try:
+            status = s.status()
+            pending_tasks = s.pending_tasks()
+            queues = s.queues()
+        except Unavailable:
+            return
+        pending = GaugeMetricFamily("gosched_pending_tasks", "Tasks waiting to be placed")
+        pending.add_metric([], pending_tasks)
+        yield pending
+        pending_jobs = GaugeMetricFamily("gosched_pending_jobs", "Jobs waiting for dispatch")
+        pending_jobs.add_metric([], status.pending_jobs)
+        yield pending_jobs
+        active = GaugeMetricFamily("gosched_active_jobs", "Jobs with a task not yet ended")
+        active.add_metric([], status.active_jobs)
+        yield active
+        bound = CounterMetricFamily("gosched_bound_tasks", "Tasks bound to a node by the binder")
+        bound.add_metric([], status.bound_tasks)
+        yield bound
+        conflicts = CounterMetricFamily(
+            "gosched_binder_conflicts", "Units the binder refused whole (optimistic-concurrency conflicts)"
+        )
+        conflicts.add_metric([], status.binder_conflicts)
+        yield conflicts
+        rounds = CounterMetricFamily("gosched_scheduling_rounds", "Scheduling rounds that dispatched work")
+        rounds.add_metric([], status.rounds)
+        yield rounds
+        nodes = GaugeMetricFamily("gosched_nodes", "Live nodes, by schedulability", labels=["schedulable"])
+        nodes.add_metric(["true"], status.schedulable_nodes)
+        nodes.add_metric(["false"], status.nodes - status.schedulable_nodes)
+        yield nodes
+        share = GaugeMetricFamily(
+            "gosched_queue_share",
+            "Dominant share of the cluster held + in flight per queue",
+            labels=["queue"],
+        )
+        for q in queues:
+            share.add_metric([q.name], q.share)
+        yield share
