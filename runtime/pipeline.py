@@ -18,6 +18,7 @@ from gosched.common.node import Node, NodeState
 from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
+from gosched.runtime.gc_tuning import tune_gc
 from gosched.scheduler_shard.shard import SchedulerShard
 
 
@@ -61,6 +62,7 @@ class Pipeline:
         if nodes:
             self.add_nodes(nodes)
         self._sync_all()
+        tune_gc()
 
     # -- cluster ---------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None:

@@ -42,6 +42,7 @@ from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
+from gosched.runtime.gc_tuning import tune_gc
 from gosched.scheduler_shard.shard import SchedulerShard
 
 # Actor options: no CPU reservation (the actors must never wait for a CPU slot on a small machine).
@@ -71,6 +72,7 @@ class DispatcherCore:
         self.dispatcher = Dispatcher(self.settings, store=self.store)
         self.restored = self.dispatcher.restore()
         self.incarnation = uuid.uuid4().hex
+        tune_gc()
 
     def reload(self, binder: Any, binder_incarnation: str) -> str:
         """Rebuild the dispatcher from the store (after a binder restart, or its own), and take
@@ -220,6 +222,7 @@ class BinderCore:
         self.dispatcher = dispatcher
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
+        tune_gc()
 
     def get_incarnation(self) -> str:
         return self.incarnation
@@ -308,6 +311,7 @@ class ShardCore:
         changes, version, resync = _decode_changes(ray.get(self.binder.changes_since.remote(0)))
         self.shard.sync(changes, version, resync)
         self.ready = True
+        tune_gc()
         return version
 
     def set_partition(self, partition: Sequence[str] | None) -> None:
