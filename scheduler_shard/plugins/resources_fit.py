@@ -44,6 +44,13 @@ class ResourcesFit(FilterPlugin):
 
     def filter(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
         req = tc.request
+        if isinstance(rows, np.ndarray) and rows.size == 1 and not req.extended and not req.wants_gpu:
+            # The per-task refresh of the one row a placement dirtied: scalars, not numpy calls.
+            r = int(rows[0])
+            fits = int(state.cpu_used[r]) + req.cpu_milli <= int(state.cpu_cap[r]) and (
+                not req.memory or int(state.mem_used[r]) + req.memory <= int(state.mem_cap[r])
+            )
+            return np.array([fits])
         ok = state.cpu_used[rows] + req.cpu_milli <= state.cpu_cap[rows]
         if req.memory:
             ok &= state.mem_used[rows] + req.memory <= state.mem_cap[rows]
