@@ -59,8 +59,11 @@ class ClassCache:
             self._full(entry, state)
             return
         entry.position = position
-        if rows:
-            idx = np.array(rows, np.int64) if len(rows) == 1 else np.unique(np.array(rows, np.int64))
+        if len(rows) == 1:  # the usual case: the row the last placement dirtied
+            if rows[0] < entry.n:
+                self._update_row(entry, state, rows[0])
+        elif rows:
+            idx = np.unique(np.array(rows, np.int64))
             idx = idx[idx < entry.n]
             self._update(entry, state, idx)
 
@@ -96,6 +99,23 @@ class ClassCache:
         for plugin, weight in entry.dyn_scores:
             score = score + weight * plugin.score(tc, state, rows)
         entry.eff[rows] = np.where(ok, score, NEG_INF)
+
+    def _update_row(self, entry: ClassEntry, state: ClusterArrays, row: int) -> None:
+        """_update for one row, accumulated in scalars and stopping at the first filter that fails:
+        the same result, without a dozen numpy calls on one-element arrays."""
+        if not entry.static_ok[row]:
+            entry.eff[row] = NEG_INF
+            return
+        tc, rows = entry.tc, np.array([row], np.int64)
+        for f in entry.dyn_filters:
+            if not f.filter(tc, state, rows)[0]:
+                entry.eff[row] = NEG_INF
+                return
+        score = float(entry.static_score[row])
+        for plugin, weight in entry.dyn_scores:
+            value = plugin.score(tc, state, rows)
+            score += weight * float(value[0] if isinstance(value, np.ndarray) else value)
+        entry.eff[row] = score
 
     def oldest_position(self) -> int | None:
         return min((e.position for e in self.entries.values()), default=None)
