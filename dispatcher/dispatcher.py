@@ -62,8 +62,10 @@ assert SCHEDULED in LEGAL[PENDING]
 
 # The task states the dispatcher writes to the store. The binder commits the rest (bound with its
 # node and GPUs, preempted, and the ends of tasks it releases); writing those here as well would
-# only repeat its rows, or overwrite a newer one with a late reply.
-PERSISTED = frozenset({PENDING, SCHEDULED, CANCELLED})
+# only repeat its rows, or overwrite a newer one with a late reply. SCHEDULED (in flight at a
+# shard) is not written: a restart turns it back into PENDING anyway, so the row that says pending
+# until the binder's commit is already right, and the write per dispatch would buy nothing.
+PERSISTED = frozenset({PENDING, CANCELLED})
 
 Updates = list[tuple[str, TaskState]]
 
@@ -291,9 +293,6 @@ class Dispatcher:
         self._waiting -= 1
         self._inflight += 1
         self.usage.add_inflight(rec.queue, rec.tenant, *cost)
-        if self.store is not None:
-            jid = rec.job_id
-            updates.extend((task_id(jid, i), SCHEDULED) for i in idx)
         held = rec.n_held
         need = rec.job.min_member - held if held < rec.job.min_member else 1
         return Unit(rec.job, idx, min(max(1, need), count), rec.attempt, reclaim, now, held)

@@ -511,13 +511,13 @@ def test_store_gets_one_batched_write_per_call_and_only_dispatcher_side_states()
     d, _ = dispatcher(store=store)
     d.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(5)])
     assert store.calls["add_jobs"] == 1
-    us = units(d.next_batches())
-    assert store.calls["set_task_states"] == 1
-    assert all(store.states[f"j{i}"] == [S] for i in range(5))
+    us = units(d.next_batches())  # in flight is not written: a restart makes it pending anyway
+    assert store.calls.get("set_task_states", 0) == 0
+    assert all(store.states[f"j{i}"] == [P] for i in range(5))
     d.on_reply(accept(us[:2]))  # bound is the binder's to write
-    assert store.calls["set_task_states"] == 1
+    assert store.calls.get("set_task_states", 0) == 0
     d.on_reply(reject(us[2:]))
-    assert store.calls["set_task_states"] == 2
+    assert store.calls["set_task_states"] == 1
     assert [store.states[u.job.id] for u in us[2:]] == [[P]] * 3
     d.on_reply(evict((us[0].job.id, 0)))  # preempted is the binder's, the requeue is ours
     assert store.states[us[0].job.id] == [P]
@@ -563,7 +563,7 @@ def test_restore_from_sqlite_store(tmp_path):
     store_mod = pytest.importorskip("gosched.common.store")
     store = store_mod.Store(str(tmp_path / "gosched.db"))
     _restart_scenario(store, lambda tids: store.commit(1, [(t, "n1", ()) for t in tids], []))
-    assert store.task_state("b/0") is S
+    assert store.task_state("b/0") is P  # in flight at a shard: the store still says pending
     store.close()
     _check_restored(store_mod.Store(str(tmp_path / "gosched.db")))
 
