@@ -89,7 +89,7 @@ def test_a_repeated_launch_does_not_run_twice(executor: ShellExecutor) -> None:
 def test_memory_limit_kills_and_reports(tmp_path: Path) -> None:
     support = detect()
     if not support.available:
-        pytest.skip(f"cgroup v2 limits unavailable here: {support.reason}")
+        pytest.skip(f"cgroup v2 not writable here: {support.reason}")
     ex = ShellExecutor(tmp_path / "logs", cgroups=support)
     hog = 'python3 -c "b = bytearray(512 * 2**20); import time; time.sleep(5)"'
     ex.start(TaskSpec("hog/0", [hog], memory=64 * 2**20))
