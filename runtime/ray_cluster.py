@@ -39,15 +39,34 @@ from gosched.runtime.ray_actors import make_actor_classes
 IDLE_POLL_S = 0.005
 
 
+# Starting a local Ray can time out waiting for its GCS on a loaded small machine ("Timed out
+# waiting for file .../gcs_server_port_..."); a second try after a clean shutdown goes through.
+RAY_START_TRIES = 3
+
+
+def _start_ray(address: str | None) -> None:
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            if address is None:
+                ray.init(include_dashboard=False, logging_level=logging.WARNING)
+            else:
+                ray.init(address=address, logging_level=logging.WARNING)
+            return
+        except RuntimeError as exc:
+            if attempt == RAY_START_TRIES or "Timed out" not in str(exc):
+                raise
+            logging.getLogger(__name__).warning("Ray did not start (%s); trying again", exc)
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            time.sleep(1.0)
+
+
 class RayScheduler:
     def __init__(self, settings: Settings, nodes: Sequence[Node] = (), address: str | None = None) -> None:
         self.settings = settings
         self._own_ray = False
         if not ray.is_initialized():
-            if address is None:
-                ray.init(include_dashboard=False, logging_level=logging.WARNING)
-            else:
-                ray.init(address=address, logging_level=logging.WARNING)
+            _start_ray(address)
             self._own_ray = True
         dispatcher_cls, binder_cls, shard_cls = make_actor_classes()
         self.dispatcher = dispatcher_cls.remote(settings)
