@@ -46,7 +46,9 @@ from gosched.runtime.control import ControlPlane
 log = logging.getLogger(__name__)
 
 LOST_PREFIX = "lost:"
+OPERATOR_STATES = frozenset({NodeState.CORDONED, NodeState.DRAINING})
 KILL_GRACE_S = 10.0
+KILL_ANSWER_S = 5.0  # beyond the grace period, how long a kill waits for the agent's answer
 TICK_S = 0.05
 
 
@@ -57,15 +59,21 @@ class AgentSession:
     last_seen: float
     outbox: "queue.Queue[agent_pb2.SchedulerMessage | None]" = field(default_factory=queue.Queue)
     sent: set[str] = field(default_factory=set)  # tasks launched there and not yet ended
+    # Tasks told to stop, until their end is reported (or the grace period and some are over): that
+    # end belongs to the killed run, and a relaunch waits for it, so an old run never stands in for
+    # a new placement of the same task.
+    killing: dict[str, float] = field(default_factory=dict)
     connected: bool = False
     limits: str = ""
 
 
 @dataclass
 class _Reports:
-    started: list[str] = field(default_factory=list)
-    finished: dict[TaskState, list[str]] = field(default_factory=dict)
-    lost: list[str] = field(default_factory=list)
+    """What agents reported since the last tick, as (reporting node, task id)."""
+
+    started: list[tuple[str, str]] = field(default_factory=list)
+    finished: dict[TaskState, list[tuple[str, str]]] = field(default_factory=dict)
+    lost: list[tuple[str, str]] = field(default_factory=list)
     # Ended tasks leave their session's `sent` only once the end is applied (in the same tick as
     # the release), or a reconcile in between would see them resident and not sent: a relaunch.
     ended: list[tuple[AgentSession, str]] = field(default_factory=list)
@@ -91,6 +99,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         self._reports = _Reports()
         self._last_tick = 0.0
         self._adopted = False
+        self._operator_state: dict[str, NodeState] = {}  # cordons of nodes lost meanwhile
         service.tick_hooks.append(self.tick)
 
     def agent_info(self, node: str) -> tuple[float, bool, str]:
@@ -111,22 +120,23 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not ready")
         labels = {**dict(node.labels), AGENT_LABEL: "true"}
         node = replace(node, labels=tuple(sorted(labels.items())))
-        with self.service._changed:
+        with self.service._changed:  # the tick (liveness) cannot run in between: same lock
             control = self.service.control
             known = control.nodes([node.name])
-            if known and known[0].node.state in (NodeState.CORDONED, NodeState.DRAINING):
-                node = replace(node, state=known[0].node.state)  # an operator's cordon outlives the agent
-            else:
-                node = replace(node, state=NodeState.READY)
+            state = known[0].node.state if known else NodeState.READY
+            with self._lock:
+                state = self._operator_state.pop(node.name, state)
+            # An operator's cordon or drain outlives the agent (and a node loss in between).
+            node = replace(node, state=state if state in OPERATOR_STATES else NodeState.READY)
             control.add_nodes([node])
             expected = control.residents([node.name])[node.name]
+            session = AgentSession(
+                node.name, uuid.uuid4().hex, time.monotonic(), sent=set(expected), limits=request.limits
+            )
+            with self._lock:
+                old = self.sessions.get(node.name)
+                self.sessions[node.name] = session
             self.service.touch()
-        session = AgentSession(
-            node.name, uuid.uuid4().hex, time.monotonic(), sent=set(expected), limits=request.limits
-        )
-        with self._lock:
-            old = self.sessions.get(node.name)
-            self.sessions[node.name] = session
         if old is not None:
             old.outbox.put(None)  # ends the old stream
         log.info("agent %s registered (%d expected task(s))", node.name, len(expected))
@@ -188,17 +198,20 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
 
     def _on_status(self, session: AgentSession, status: Any) -> None:
         state = convert.task_state_from_proto(status.state)
-        tid = status.task_id
+        tid, node = status.task_id, session.node
         with self._lock:
             r = self._reports
             if state is TaskState.RUNNING:
-                r.started.append(tid)
+                if tid not in session.killing:
+                    r.started.append((node, tid))
             elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
+                if session.killing.pop(tid, None) is not None:
+                    return  # the end of a run we stopped: the binder released it already
                 r.ended.append((session, tid))
                 if state is TaskState.FAILED and status.message.startswith(LOST_PREFIX):
-                    r.lost.append(tid)
+                    r.lost.append((node, tid))
                 else:
-                    r.finished.setdefault(state, []).append(tid)
+                    r.finished.setdefault(state, []).append((node, tid))
         self.service._wake.set()
 
     # -- the tick (scheduling thread, service lock held) -------------------------------------------------
@@ -217,16 +230,29 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         return changed
 
     def _apply(self, control: ControlPlane, r: _Reports) -> bool:
-        if r.started:
-            control.started(r.started)
-        for state, tids in r.finished.items():
-            control.finished(tids, state)
-        if r.lost:
-            control.lost(r.lost)
+        """Apply the reports about tasks still placed on the node that reported them; a report
+        about a task placed elsewhere by now (or not at all) is about an older run: dropped."""
+        reported = [*r.started, *r.lost, *(x for xs in r.finished.values() for x in xs)]
+        if not reported:
+            return False
+        placed = control.residents(sorted({node for node, _ in reported}))
+
+        def here(items: list[tuple[str, str]]) -> list[str]:
+            return [tid for node, tid in items if tid in placed.get(node, ())]
+
+        started, lost = here(r.started), here(r.lost)
+        if started:
+            control.started(started)
+        for state, items in r.finished.items():
+            tids = here(items)
+            if tids:
+                control.finished(tids, state)
+        if lost:
+            control.lost(lost)
         with self._lock:
             for session, tid in r.ended:
                 session.sent.discard(tid)
-        return bool(r.started or r.finished or r.lost)
+        return True
 
     def _adopt_known_nodes(self, control: ControlPlane, now: float) -> None:
         """After a restart: nodes of agents that have not reconnected yet get the timeout to do so."""
@@ -246,6 +272,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 del self.sessions[s.node]
         for s in dead:
             s.outbox.put(None)
+            before = control.nodes([s.node])
+            if before and before[0].node.state in OPERATOR_STATES:
+                with self._lock:
+                    self._operator_state[s.node] = before[0].node.state
             try:
                 released = control.node_lost(s.node)
             except KeyError:
@@ -262,9 +292,14 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         residents = control.residents([s.node for s in live])
         launches: dict[str, list[str]] = {}
         kills: dict[str, list[str]] = {}
+        now = time.monotonic()
         for s in live:
+            with self._lock:  # a kill never answered (the task had already gone) expires
+                for tid in [tid for tid, until in s.killing.items() if until < now]:
+                    del s.killing[tid]
+                killing = set(s.killing)
             want = set(residents.get(s.node, ()))
-            new = sorted(want - s.sent)
+            new = sorted(want - s.sent - killing)
             gone = sorted(s.sent - want)
             if new:
                 launches[s.node] = new
@@ -286,7 +321,9 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         for node, tids in kills.items():
             s = by_node[node]
             for tid in tids:
-                s.sent.discard(tid)
+                with self._lock:
+                    s.sent.discard(tid)
+                    s.killing[tid] = now + self.kill_grace_s + KILL_ANSWER_S
                 reason = _kill_reason(tid, snaps.get(split_task_id(tid)[0]))
                 kill = agent_pb2.KillTask(task_id=tid, grace_period_s=self.kill_grace_s, reason=reason)
                 s.outbox.put(agent_pb2.SchedulerMessage(kill=kill))

@@ -139,7 +139,7 @@ def serve(
     host: str = "[::]",
     http_host: str = "0.0.0.0",
     store_path: str | Path | None = None,
-    max_workers: int = 64,
+    max_workers: int = 512,
     wait_ready: bool = False,
     runtime: str = "local",
     ray_address: str | None = None,
@@ -152,8 +152,10 @@ def serve(
 
     Port 0 picks a free port (see the handle's ports); http_port None serves no HTTP endpoint.
     The health service says NOT_SERVING until the scheduler has restored its state, SERVING after.
-    `runtime` "ray" runs the dispatcher, the binder and the shards as Ray actors (starting Ray, or
-    joining `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
+    Every agent's stream, WatchJob and followed StreamLogs holds one of the `max_workers` threads
+    for as long as it lasts: size it for the agents and watchers expected. `runtime` "ray" runs
+    the dispatcher, the binder and the shards as Ray actors (starting Ray, or joining
+    `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
     the store). With `sim_task_seconds`, tasks on nodes without an agent run that long and succeed.
     """
     make = control_factory(settings, nodes, runtime=runtime, store_path=store_path, ray_address=ray_address)

@@ -97,6 +97,8 @@ class JobPage:
 
 
 
+FAILURE_PAUSE_S = 0.5  # after a failed round or hook, before the next try
+
 # Called under the lock from the scheduling thread between steps; True if it changed anything.
 TickHook = Callable[[ControlPlane], bool]
 
@@ -188,18 +190,31 @@ class SchedulerService:
                     self._remember(job_id)
             self._ready.set()
             while not self._stop.is_set():
+                failed = False
                 with self._changed:
                     if self._stop.is_set():
                         break
-                    progressed = control.step()
-                    if progressed and self.on_round is not None:
-                        self.on_round(control)
+                    # A failing round or hook (an actor restarting under a call, a bad report) is
+                    # logged and tried again: the master must not stop scheduling for one error.
+                    try:
+                        progressed = control.step()
+                        if progressed and self.on_round is not None:
+                            self.on_round(control)
+                    except Exception:
+                        log.exception("scheduling round failed")
+                        progressed, failed = False, True
                     for hook in self.tick_hooks:
-                        progressed = hook(control) or progressed
+                        try:
+                            progressed = hook(control) or progressed
+                        except Exception:
+                            log.exception("tick hook %s failed", getattr(hook, "__qualname__", hook))
+                            failed = True
                     if progressed:
                         self.version += 1
                         self._changed.notify_all()
-                if progressed:
+                if failed:
+                    self._stop.wait(FAILURE_PAUSE_S)
+                elif progressed:
                     time.sleep(0)  # let waiting handlers take the lock between rounds
                 else:
                     self._wake.wait(self.idle_sleep_s)

@@ -27,15 +27,15 @@ from gosched.api.service import (
 )
 from gosched.common.errors import AdmissionRejected, SpecError
 from gosched.common.node import NodeState
-from gosched.common.states import TaskState
+from gosched.common.states import TERMINAL, TaskState
 from gosched.proto.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-# A task whose attempt is over: its log will not grow (PENDING: it was lost and queued again).
-TASK_ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.PENDING})
+# Once a followed task has been placed, back to PENDING means its run is over (lost, requeued).
+TASK_ENDED = frozenset({TaskState.PENDING, TaskState.SCHEDULED})
 
 
 # == error mapping =================================================================================
@@ -211,6 +211,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             raise SpecError("task_index", f"job {request.job_id!r} has tasks 0..{len(view.tasks) - 1}")
         tid = view.tasks[request.task_index].id
         offset = request.offset
+        placed = False  # a pending task has not run yet: following waits for it to be placed
         while context.is_active():
             seen = self.logs.generation
             data = self.logs.read(tid, stream, offset)
@@ -223,7 +224,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             # The agent ships a task's last output before its end, so once the task has ended
             # and nothing is left to read, the stream is complete.
             task = self.service.get(request.job_id).tasks[request.task_index]
-            if task.state in TASK_ENDED:
+            placed = placed or task.state not in (TaskState.PENDING, TaskState.SCHEDULED)
+            if task.state in TERMINAL or (placed and task.state in TASK_ENDED):
                 if not self.logs.read(tid, stream, offset, 1):
                     return
                 continue

@@ -34,13 +34,14 @@ def _settings(config: str | None, **overrides: Any) -> Settings:
         raise typer.Exit(2) from exc
 
 
-def _wait_for_signal() -> None:
-    """Block until Ctrl-C or SIGTERM."""
+def _wait_for_signal(handle: Any) -> None:
+    """Block until Ctrl-C or SIGTERM, or until the scheduler itself has stopped (then exit 1)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
-        pass
+        if not handle.service.alive:
+            raise typer.Exit(_fail(f"the scheduler stopped: {handle.service.error!r}"))
 
 
 def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -> Any:
@@ -101,7 +102,7 @@ def master(
         f"{settings.shards} shard(s) on {settings.runtime}, store {settings.store_path}"
     )
     try:
-        _wait_for_signal()
+        _wait_for_signal(handle)
     finally:
         typer.echo("stopping")
         handle.stop()
@@ -153,7 +154,7 @@ def up(
             _show_working(client, me, handle.http_port, started)
             if not detach_after_demo:
                 typer.echo(f"running: gRPC {target}, HTTP :{handle.http_port}; Ctrl-C stops it all")
-                _wait_for_signal()
+                _wait_for_signal(handle)
     finally:
         typer.echo("stopping the agent and the master")
         agent.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ running and ends those that have run their time: the job's label SIM_SECONDS_LAB
 (the timed trace replay sets it per task), else `task_seconds`.
 """
 
+import math
 import time
 
 from gosched.common.job import split_task_id
@@ -58,7 +59,14 @@ class SimulatedTasks:
         seconds: dict[str, float] = {}
         for snap in control.jobs(job_ids, placements=False):
             if snap is not None:
-                label = dict(snap.job.labels).get(SIM_SECONDS_LABEL)
-                seconds[snap.job.id] = float(label) if label else self.task_seconds
+                seconds[snap.job.id] = self._seconds_of(dict(snap.job.labels).get(SIM_SECONDS_LABEL))
         for t in new:
             self._ends[t] = now + seconds.get(split_task_id(t)[0], self.task_seconds)
+
+    def _seconds_of(self, label: str | None) -> float:
+        """The label's seconds; anyone can set a label, so one that is no duration is ignored."""
+        try:
+            seconds = float(label) if label else self.task_seconds
+        except ValueError:
+            return self.task_seconds
+        return seconds if math.isfinite(seconds) and seconds >= 0 else self.task_seconds

@@ -1,0 +1,121 @@
+"""The master's side of the agents, driven over real gRPC by a scripted agent: reports about a task
+that is not (or no longer) placed on the reporting node are dropped, never applied to another run,
+and an operator's cordon survives the node's loss and the agent's return."""
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gosched import Client
+from gosched.api import convert
+from gosched.api.server import ServerHandle, serve
+from gosched.common.config import Settings
+from gosched.common.node import NodeState, make_node
+from gosched.common.states import JobState
+from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
+from gosched.proto.v1 import types_pb2 as pb
+
+TIMEOUT_S = 1.0
+
+
+class ScriptedAgent:
+    """Registers a node and holds the stream; the test decides what it reports."""
+
+    def __init__(self, target: str, name: str) -> None:
+        self.channel = grpc.insecure_channel(target)
+        stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        node = convert.node_to_proto(make_node(name, 4000, 8 * 2**30))
+        reply = stub.Register(agent_pb2.RegisterRequest(node=node, agent_version="test"), timeout=10)
+        self.name, self.session = reply.node_name, reply.session_id
+        self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
+        self.launches: queue.Queue[agent_pb2.LaunchTask] = queue.Queue()
+        self.send(heartbeat=agent_pb2.Heartbeat(time=time.time()))
+        self.call = stub.Connect(self._messages())
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _messages(self) -> Iterator[agent_pb2.AgentMessage]:
+        while (msg := self.outgoing.get()) is not None:
+            yield msg
+
+    def _read(self) -> None:
+        try:
+            for msg in self.call:
+                if msg.WhichOneof("body") == "launch":
+                    self.launches.put(msg.launch)
+        except grpc.RpcError:
+            pass
+
+    def send(self, **body: object) -> None:
+        self.outgoing.put(agent_pb2.AgentMessage(node_name=self.name, session_id=self.session, **body))
+
+    def report(self, task_id: str, state: int, exit_code: int = 0, message: str = "") -> None:
+        status = agent_pb2.TaskStatus(task_id=task_id, state=state, exit_code=exit_code, message=message)
+        self.send(task_status=status)
+
+    def close(self) -> None:
+        self.outgoing.put(None)
+        self.call.cancel()
+        self.channel.close()
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[ServerHandle]:
+    settings = Settings(
+        store_path=str(tmp_path / "g.db"), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S
+    )
+    handle = serve(
+        settings, (), grpc_port=0, http_port=None, host="127.0.0.1", runtime="local",
+        heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S, wait_ready=True,
+    )
+    yield handle
+    handle.stop()
+
+
+def test_reports_about_tasks_not_placed_on_the_node_are_dropped(master: ServerHandle) -> None:
+    agent = ScriptedAgent(master.target, "a1")
+    try:
+        with Client(master.target, timeout=10) as client:
+            waiting = client.submit({"id": "waiting", "cpu": "64", "command": "true"})  # fits nowhere
+            running = client.submit({"id": "runs", "cpu": "1", "command": "true"})
+            launch = agent.launches.get(timeout=10)
+            assert launch.task_id == f"{running}/0"
+            agent.report(launch.task_id, pb.TASK_STATE_RUNNING)
+            wait_for("running", lambda: client.get(running).state is JobState.RUNNING)
+            # An old run's end, and a report about a task that is pending: neither is applied.
+            agent.report(f"{waiting}/0", pb.TASK_STATE_FAILED, exit_code=1, message="exit code 1")
+            agent.report("ghost/0", pb.TASK_STATE_SUCCEEDED)
+            time.sleep(0.5)
+            assert client.get(waiting).state is JobState.PENDING
+            assert client.get(running).state is JobState.RUNNING
+            assert master.service.alive
+            agent.report(launch.task_id, pb.TASK_STATE_SUCCEEDED)
+            wait_for("success", lambda: client.get(running).state is JobState.SUCCEEDED)
+    finally:
+        agent.close()
+
+
+def test_a_cordon_outlives_the_loss_of_the_node(master: ServerHandle) -> None:
+    agent = ScriptedAgent(master.target, "c1")
+    with Client(master.target, timeout=10) as client:
+        client.cordon("c1")
+        agent.close()  # no more heartbeats: the node times out
+        wait_for("the node lost", lambda: client.node("c1").state is NodeState.NOT_READY)
+        back = ScriptedAgent(master.target, "c1")
+        try:
+            assert client.node("c1").state is NodeState.CORDONED
+        finally:
+            back.close()
