@@ -350,6 +350,7 @@ def _launch(tid: str, snap: JobSnapshot | None) -> agent_pb2.LaunchTask | None:
         gpus=[pb.GpuAssignment(index=i, milli=m) for i, m in placed[1]],
         attempt=0,
         service=snap.job.kind is JobKind.SERVICE,
+        image=group.image,
     )
 
 

@@ -142,6 +142,8 @@ def _group_to_dict(g: pb.TaskGroup) -> dict[str, Any]:
                     tol[key] = getattr(t, key)
             tolerations.append(tol)
         out["tolerations"] = tolerations
+    if g.image:
+        out["image"] = g.image
     return out
 
 
@@ -235,6 +237,7 @@ def _group_msg(g: Mapping[str, Any]) -> pb.TaskGroup:
             )
             for t in g.get("tolerations", [])
         ],
+        image=g.get("image", ""),
     )
     if "replicas" in g:
         msg.replicas = g["replicas"]

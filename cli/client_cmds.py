@@ -73,6 +73,9 @@ def submit(
         list[str] | None, typer.Option("--selector", help="Node label KEY=VALUE the node must have (repeat).")
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="Environment KEY=VALUE (repeat).")] = None,
+    image: Annotated[
+        str | None, typer.Option(help="Run the command in this container image (docker/podman on the node).")
+    ] = None,
     submission_id: Annotated[
         str | None, typer.Option(help="Idempotency key: submitting again returns the first job's id.")
     ] = None,
@@ -98,6 +101,7 @@ def submit(
         gpu_models=tuple(gpu_model or ()),
         selectors=tuple(selector or ()),
         env=tuple(env or ()),
+        image=image,
         name=name,
         tenant=tenant,
         queue=queue,

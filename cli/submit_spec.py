@@ -25,6 +25,7 @@ TASK_FLAGS = {
     "gpu_models": "--gpu-model",
     "node_selector": "--selector",
     "env": "--env",
+    "image": "--image",
     "resources": "--cpus, --mem or --gpus",  # "requests nothing"
 }
 JOB_FLAGS = {
@@ -49,6 +50,7 @@ class JobFlags:
     gpu_models: tuple[str, ...] = ()
     selectors: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
+    image: str | None = None
     name: str | None = None
     tenant: str | None = None
     queue: str | None = None
@@ -72,6 +74,8 @@ class JobFlags:
             out["node_selector"] = key_values(items, "--selector")
         if self.env:
             out["env"] = key_values(self.env, "--env")  # values may hold commas: one per flag
+        if self.image is not None:
+            out["image"] = self.image
         return out
 
     def job_fields(self) -> dict[str, Any]:

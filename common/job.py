@@ -74,6 +74,7 @@ class TaskGroup:
     preferred_affinity: tuple[PreferredTerm, ...] = ()
     anti_affinity: tuple[AntiAffinity, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    image: str = ""  # run the command in a container of this image (docker/podman); "": a shell
 
     def constraint_key(self) -> tuple[object, ...]:
         """What decides where a task of this group may go and how nodes score; equal keys share work."""

@@ -43,6 +43,7 @@ Job spec (every key optional unless marked)::
             - {weight: 50, match: [{key: zone, operator: In, values: [a]}]}
         anti_affinity: [{topology_key: node, match_labels: {app: db}}]  # topology_key: node or a label key
         tolerations: [{key: dedicated, operator: Equal, value: gpu, effect: NoSchedule}]
+        image: python:3.12     # run the command in this container image (docker/podman on the node)
 
 A requirement is ``{key, operator, values}``: In/NotIn need values, Exists/DoesNotExist take none,
 Gt/Lt take exactly one integer. A toleration's operator is Equal (the default; needs a key) or
@@ -143,6 +144,7 @@ _GROUP_KEYS = _RESOURCE_KEYS | {
     "affinity",
     "anti_affinity",
     "tolerations",
+    "image",
 }
 _JOB_KEYS = frozenset(
     {
@@ -482,6 +484,14 @@ def _command(value: object, path: str) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def _image(value: object, path: str) -> str:
+    """A container image reference ("" for none): no blanks, and not an option for the runtime."""
+    image = _str(value, path, MAX_TEXT_LEN)
+    if image and (image.startswith("-") or any(c.isspace() for c in image)):
+        _fail(path, f"{_short(image)} is not an image reference (e.g. 'python:3.12', 'ghcr.io/org/app:1')")
+    return image
+
+
 def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for name, text in _mapping(value, path).items():
@@ -609,6 +619,7 @@ def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
         preferred_affinity=preferred,
         anti_affinity=_items(spec.get("anti_affinity", []), _at(path, "anti_affinity"), _anti_affinity),
         tolerations=_items(spec.get("tolerations", []), _at(path, "tolerations"), _toleration),
+        image=_image(spec.get("image", ""), _at(path, "image")),
     )
 
 
@@ -786,6 +797,8 @@ def _group_to_spec(g: TaskGroup) -> dict[str, Any]:
         ]
     if g.tolerations:
         out["tolerations"] = [_toleration_to_spec(t) for t in g.tolerations]
+    if g.image:
+        out["image"] = g.image
     return out
 
 

@@ -108,6 +108,7 @@ def task_groups(draw: st.DrawFn, role: str) -> TaskGroup:
         preferred_affinity=draw(small_tuples(preferred_terms)),
         anti_affinity=draw(small_tuples(anti_affinities)),
         tolerations=draw(small_tuples(tolerations())),
+        image=draw(st.sampled_from(["", "python:3.12", "ghcr.io/org/app:1.0"])),
     )
 
 

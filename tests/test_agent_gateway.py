@@ -90,9 +90,10 @@ def test_reports_about_tasks_not_placed_on_the_node_are_dropped(master: ServerHa
     try:
         with Client(master.target, timeout=10) as client:
             waiting = client.submit({"id": "waiting", "cpu": "64", "command": "true"})  # fits nowhere
-            running = client.submit({"id": "runs", "cpu": "1", "command": "true"})
+            running = client.submit({"id": "runs", "cpu": "1", "command": "true", "image": "alpine:3"})
             launch = agent.launches.get(timeout=10)
             assert launch.task_id == f"{running}/0"
+            assert launch.image == "alpine:3"  # the agent runs it in that container image
             agent.report(launch.task_id, pb.TASK_STATE_RUNNING)
             wait_for("running", lambda: client.get(running).state is JobState.RUNNING)
             # An old run's end, and a report about a task that is pending: neither is applied.

@@ -77,6 +77,9 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     # (case id, spec, expected field, substring of the reason)
     ("not-a-mapping", ["x"], "spec", "expected a mapping, got a list"),
     ("unknown-field", spec(name="x"), "name", "unknown field"),
+    ("image-with-blank", group(image="python 3"), "groups[0].image", "is not an image reference"),
+    ("image-as-option", group(image="--privileged"), "groups[0].image", "is not an image reference"),
+    ("image-not-text", group(image=3), "groups[0].image", "expected"),
     ("typo-suggests", spec(prority=1), "prority", "did you mean 'priority'?"),
     ("id-empty", spec(id=""), "id", "must not be empty"),
     ("id-slash", spec(id="a/b"), "id", "'a/b' is not valid"),
@@ -146,7 +149,7 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
         "duplicate role 'main'",
     ),
     ("task-field-beside-groups", spec(cpu="2"), "cpu", "move it into a group"),
-    ("group-unknown-field", group(image="python:3"), "groups[0].image", "unknown field"),
+    ("group-unknown-field", group(volumes=["/data"]), "groups[0].volumes", "unknown field"),
     ("role-bad", group(role="-x"), "groups[0].role", "'-x' is not valid"),
     ("role-empty", group(role=""), "groups[0].role", "must not be empty"),
     ("replicas-zero", group(replicas=0), "groups[0].replicas", "must be >= 1, got 0"),
@@ -473,8 +476,8 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     # the flat form: fields sit at the top level, so paths have no group prefix
     (
         "flat-unknown",
-        {"command": "x", "cpu": 1, "image": "py:3"},
-        "image",
+        {"command": "x", "cpu": 1, "volumes": ["/data"]},
+        "volumes",
         "unknown field",
     ),
     ("flat-typo", {"comand": "x", "cpu": 1}, "comand", "unknown field (did you mean 'command'?)"),
