@@ -316,6 +316,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             for tid in tids:
                 msg = _launch(tid, snaps.get(split_task_id(tid)[0]))
                 if msg is not None:
+                    self.logs.reset(tid)  # a new run: its output replaces the last run's
                     s.sent.add(tid)
                     s.outbox.put(agent_pb2.SchedulerMessage(launch=msg))
         for node, tids in kills.items():

@@ -37,6 +37,15 @@ class LogStore:
             self.generation += 1
             self._written.notify_all()
 
+    def reset(self, task_id: str) -> None:
+        """Forget a task's output: a new run of it starts, whose chunks count from offset 0 again
+        (as `kubectl logs` shows the current container's run)."""
+        for stream in STREAMS:
+            self.path(task_id, stream).unlink(missing_ok=True)
+        with self._written:
+            self.generation += 1
+            self._written.notify_all()
+
     def read(self, task_id: str, stream: str, offset: int, limit: int = READ_CHUNK) -> bytes:
         path = self.path(task_id, stream)
         if not path.exists():

@@ -120,3 +120,25 @@ def test_a_cordon_outlives_the_loss_of_the_node(master: ServerHandle) -> None:
             assert client.node("c1").state is NodeState.CORDONED
         finally:
             back.close()
+
+
+def test_a_rerun_replaces_the_last_runs_output(master: ServerHandle) -> None:
+    agent = ScriptedAgent(master.target, "r1")
+    try:
+        with Client(master.target, timeout=10) as client:
+            job = client.submit({"id": "rerun", "cpu": "1", "command": "true"})
+            first = agent.launches.get(timeout=10)
+            chunk = pb.LogChunk(task_id=first.task_id, stream="stdout", offset=0, data=b"first run, longer\n")
+            agent.send(log=chunk)
+            agent.report(first.task_id, pb.TASK_STATE_RUNNING)
+            wait_for("the first output", lambda: b"".join(client.logs(job, 0)) == b"first run, longer\n")
+            agent.report(first.task_id, pb.TASK_STATE_FAILED, message="lost: agent restarted")
+            second = agent.launches.get(timeout=10)  # requeued, and placed on the one node again
+            assert second.task_id == first.task_id
+            agent.send(log=pb.LogChunk(task_id=second.task_id, stream="stdout", offset=0, data=b"second\n"))
+            agent.report(second.task_id, pb.TASK_STATE_RUNNING)
+            agent.report(second.task_id, pb.TASK_STATE_SUCCEEDED)
+            wait_for("success", lambda: client.get(job).state is JobState.SUCCEEDED)
+            assert b"".join(client.logs(job, 0)) == b"second\n"
+    finally:
+        agent.close()
