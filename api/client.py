@@ -129,14 +129,7 @@ class Client:
         With `submission_id`, submitting again returns the id of the job first accepted under it.
         A spec dict is validated here first, so a bad one fails without a round trip.
         """
-        if isinstance(spec, Job):
-            msg = convert.job_to_proto_spec(spec)
-        else:
-            try:
-                job = job_from_spec(spec)
-            except SpecError as exc:
-                raise InvalidArgument(str(exc), field=exc.field) from None
-            msg = convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
+        msg = _spec_message(spec)
         reply = self._call(
             self._jobs.SubmitJob, jobs_pb2.SubmitJobRequest(spec=msg, submission_id=submission_id)
         )
@@ -151,14 +144,7 @@ class Client:
             raise ValueError(f"{len(submission_ids)} submission ids for {len(specs)} specs")
         request = jobs_pb2.SubmitJobsRequest()
         for i, spec in enumerate(specs):
-            if isinstance(spec, Job):
-                msg = convert.job_to_proto_spec(spec)
-            else:
-                try:
-                    job = job_from_spec(spec)
-                except SpecError as exc:
-                    raise InvalidArgument(f"jobs[{i}].{exc}", field=f"jobs[{i}].{exc.field}") from None
-                msg = convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
+            msg = _spec_message(spec, f"jobs[{i}].")
             request.jobs.add(spec=msg, submission_id=submission_ids[i] if submission_ids else "")
         reply = self._call(self._jobs.SubmitJobs, request)
         return [str(j) for j in reply.job_ids]
@@ -305,6 +291,18 @@ class Client:
         """The scheduler's status: ready, node and resource totals, job counts, round counters."""
         reply = self._call(self._cluster.GetStatus, cluster_pb2.GetStatusRequest(), timeout)
         return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
+
+
+def _spec_message(spec: Mapping[str, Any] | Job, where: str = "") -> pb.JobSpec:
+    """The JobSpec message of a spec dict (validated here, so a bad one fails without a round trip;
+    `where` prefixes the field in the error) or of a Job."""
+    if isinstance(spec, Job):
+        return convert.job_to_proto_spec(spec)
+    try:
+        job = job_from_spec(spec)
+    except SpecError as exc:
+        raise InvalidArgument(f"{where}{exc}", field=f"{where}{exc.field}") from None
+    return convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
 
 
 def _names(states: Collection[JobState]) -> str:

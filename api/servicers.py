@@ -56,6 +56,16 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     return None
 
 
+def _abort(context: grpc.ServicerContext, exc: Exception, handler: str) -> None:
+    """End the call with the status that fits `exc` (INTERNAL, logged, for an unexpected one)."""
+    status = _status_of(exc)
+    if status is None:
+        log.exception("%s failed", handler)
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    else:
+        context.abort(*status)
+
+
 def _mapped(method: Callable[..., R]) -> Callable[..., R]:
     """Turn the service's exceptions into gRPC statuses (unary and server-streaming handlers)."""
 
@@ -64,12 +74,7 @@ def _mapped(method: Callable[..., R]) -> Callable[..., R]:
         try:
             return method(self, request, context)
         except Exception as exc:
-            status = _status_of(exc)
-            if status is None:
-                log.exception("%s failed", method.__name__)
-                context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            else:
-                context.abort(*status)
+            _abort(context, exc, method.__name__)
             raise  # unreachable: abort raises
 
     return unary
@@ -81,12 +86,7 @@ def _streamed(method: Callable[..., Iterator[R]]) -> Callable[..., Iterator[R]]:
         try:
             yield from method(self, request, context)
         except Exception as exc:
-            status = _status_of(exc)
-            if status is None:
-                log.exception("%s failed", method.__name__)
-                context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            else:
-                context.abort(*status)
+            _abort(context, exc, method.__name__)
 
     return stream
 
