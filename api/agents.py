@@ -280,8 +280,12 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 released = control.node_lost(s.node)
             except KeyError:
                 continue
-            log.warning("node %s missed heartbeats for %.1fs: not ready, %d task(s) requeued",
-                        s.node, now - s.last_seen, len(released))
+            log.warning(
+                "node %s missed heartbeats for %.1fs: not ready, %d task(s) requeued",
+                s.node,
+                now - s.last_seen,
+                len(released),
+            )
         return bool(dead)
 
     def _reconcile(self, control: ControlPlane) -> None:
@@ -364,4 +368,3 @@ def _kill_reason(tid: str, snap: JobSnapshot | None) -> str:
     if state in (TaskState.PREEMPTED, TaskState.PENDING, TaskState.SCHEDULED):
         return "preempted"
     return "released"
-

@@ -55,6 +55,7 @@ SERVER_OPTIONS = [
     ("grpc.http2.max_ping_strikes", 0),
 ]
 
+
 # == serve =========================================================================================
 @dataclass
 class ServerHandle:

@@ -96,7 +96,6 @@ class JobPage:
     next_token: str
 
 
-
 FAILURE_PAUSE_S = 0.5  # after a failed round or hook, before the next try
 
 # Called under the lock from the scheduling thread between steps; True if it changed anything.

@@ -5,7 +5,6 @@ NOT_FOUND; AdmissionRejected -> RESOURCE_EXHAUSTED; cancelling a finished job ->
 FAILED_PRECONDITION; any call before the scheduler is ready -> UNAVAILABLE.
 """
 
-
 import functools
 import logging
 import time
@@ -197,7 +196,6 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.ExplainJobResponse(
             job_id=request.job_id, state=convert.job_state_to_proto(state), explanation=text
         )
-
 
     @_streamed
     def StreamLogs(self, request: jobs_pb2.LogsRequest, context: Any) -> Iterator[pb.LogChunk]:

@@ -67,8 +67,13 @@ def run_ingest(
     with tempfile.TemporaryDirectory(prefix="gosched-ingest-") as tmp:
         settings = Settings(store_path=str(Path(tmp) / "ingest.db"), shards=2, runtime=runtime)
         handle = serve(
-            settings, sim_nodes(nodes), grpc_port=0, http_port=None, host="127.0.0.1",
-            runtime=runtime, wait_ready=True,
+            settings,
+            sim_nodes(nodes),
+            grpc_port=0,
+            http_port=None,
+            host="127.0.0.1",
+            runtime=runtime,
+            wait_ready=True,
         )
         try:
             with grpc.insecure_channel(handle.target) as channel:

@@ -6,7 +6,9 @@ and queued first, then the clock runs from the first dispatch to the last durabl
 
 import resource
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import numpy as np
 
 from gosched.bench.workloads import Workload
 from gosched.common.config import ProfileConfig, Settings
+from gosched.common.job import Job
 from gosched.runtime.pipeline import Pipeline
 
 
@@ -32,8 +35,10 @@ class RunResult:
     p50_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
-    component_s: dict[str, float] = field(default_factory=dict)
-    peak_rss_mib: float = 0.0  # this process (the whole control plane when in process)
+    component_s: dict[str, float] = field(default_factory=dict)  # busy seconds per component
+    peak_rss_mib: float = 0.0  # the whole control plane: this process, plus every actor on Ray
+    process_rss_mib: dict[str, float] = field(default_factory=dict)  # peak per process (Ray)
+    offered_rate: float | None = None  # tasks/s arriving during the run (open loop), else queued first
 
     @property
     def tasks_per_s(self) -> float:
@@ -88,7 +93,52 @@ def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size:
         return result
 
 
-def run_ray(w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 512) -> RunResult:
+def _percentiles(seconds: list[float]) -> tuple[float | None, float | None, float | None]:
+    if not seconds:
+        return None, None, None
+    ms = np.array(seconds) * 1000
+    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+    return float(p50), float(p95), float(p99)
+
+
+class _Submitter(threading.Thread):
+    """Open-loop arrivals: submits the jobs at `rate` tasks per second, in 10 ms slices, whatever
+    the scheduler's pace (so the latency is what a steady arrival rate sees)."""
+
+    SLICE_S = 0.01
+
+    def __init__(self, submit: Callable[[list[Job]], object], jobs: list[Job], rate: float) -> None:
+        super().__init__(daemon=True)
+        self.submit, self.jobs, self.rate = submit, jobs, rate
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            start = time.perf_counter()
+            sent = tasks = 0
+            while sent < len(self.jobs):
+                due = self.rate * (time.perf_counter() - start)
+                chunk: list[Job] = []
+                while sent < len(self.jobs) and tasks < due:
+                    chunk.append(self.jobs[sent])
+                    tasks += self.jobs[sent].total_replicas
+                    sent += 1
+                if chunk:
+                    self.submit(chunk)
+                time.sleep(self.SLICE_S)
+        except BaseException as exc:  # surfaced by the runner
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def run_ray(
+    w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 512, rate: float | None = None
+) -> RunResult:
+    """One run through the real Ray actors. With `rate` (tasks/s) the measured jobs arrive at that
+    rate while the shards run, and the latency is submission to binding; without it they are all
+    queued first and the latency is dispatch to binding."""
     from gosched.runtime.ray_cluster import RayScheduler
 
     with tempfile.TemporaryDirectory(prefix="gosched-bench-") as tmp:
@@ -100,20 +150,40 @@ def run_ray(w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 
             if w.initial:
                 rs.submit_many(w.initial)
                 rs.run_until_idle(timeout=600)
-            before = rs.stats()
-            rs.submit_many(w.measured)
+            rs.drain_latencies()
+            before, procs_before = rs.stats(), rs.process_stats()
             start = time.perf_counter()
-            rs.run_until_idle(timeout=1800)
+            if rate is None:
+                rs.submit_many(w.measured)
+                start = time.perf_counter()
+                rs.run_until_idle(timeout=1800)
+            else:
+                sub = _Submitter(rs.submit_many, w.measured, rate)
+                sub.start()
+                rs.run_until_idle(timeout=1800, more_coming=lambda: not sub.done.is_set())
+                sub.join()
+                if sub.error is not None:
+                    raise sub.error
             wall = time.perf_counter() - start
-            stats = rs.stats()
+            stats, procs = rs.stats(), rs.process_stats()
+            dispatched, waited = rs.drain_latencies()
         finally:
             rs.shutdown()
     bound = stats["bound_tasks"] - before["bound_tasks"]
     # The dispatcher's clock covers first dispatch to last binding; without initial work it is
     # the measured span, else the wall time of the measured phase is the honest figure.
-    seconds = bound / stats["tasks_per_s"] if not w.initial and stats.get("tasks_per_s") else wall
+    seconds = (
+        bound / stats["tasks_per_s"] if not w.initial and stats.get("tasks_per_s") and not rate else wall
+    )
     proposals = max(1, stats.get("proposals", 0) - before.get("proposals", 0))
     rejected = stats.get("rejected_units", 0) - before.get("rejected_units", 0)
+    p50, p95, p99 = _percentiles(waited if rate else dispatched)
+    component = {"dispatcher": 0.0, "shards": 0.0, "binder": 0.0}
+    for name, p in procs.items():
+        busy = p["busy_s"] - procs_before[name]["busy_s"]
+        component["shards" if name.startswith("shard") else name] += busy
+    rss = {name: p["peak_rss_mib"] for name, p in procs.items()}
+    rss["driver"] = _peak_rss_mib()
     return RunResult(
         workload=w.name,
         runtime="ray",
@@ -124,6 +194,12 @@ def run_ray(w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 
         bound=bound,
         seconds=seconds,
         conflict_rate=rejected / proposals,
-        retries=rejected,
-        peak_rss_mib=_peak_rss_mib(),
+        retries=rejected + stats.get("unschedulable_units", 0) - before.get("unschedulable_units", 0),
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
+        component_s=component,
+        peak_rss_mib=sum(rss.values()),
+        process_rss_mib=rss,
+        offered_rate=rate,
     )

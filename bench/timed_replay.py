@@ -116,8 +116,14 @@ def run_timed_replay(
     with tempfile.TemporaryDirectory(prefix="gosched-timed-") as tmp:
         settings = Settings(store_path=str(Path(tmp) / "replay.db"), shards=2, retry_backoff_max_s=0.5)
         handle = serve(
-            settings, nodes, grpc_port=0, http_port=None, host="127.0.0.1", runtime=runtime,
-            sim_task_seconds=0.0, wait_ready=True,
+            settings,
+            nodes,
+            grpc_port=0,
+            http_port=None,
+            host="127.0.0.1",
+            runtime=runtime,
+            sim_task_seconds=0.0,
+            wait_ready=True,
         )
         try:
             with grpc.insecure_channel(handle.target) as channel:

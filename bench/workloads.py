@@ -26,7 +26,7 @@ class Workload:
 
 
 def _one(job_id: str, req: ResourceRequest, **group: object) -> Job:
-    return Job(id=job_id, groups=(TaskGroup("main", 1, req, ("sleep", "60"), **group),))  # type: ignore[arg-type]
+    return Job(id=job_id, groups=(TaskGroup("main", 1, req, ("sleep", "60"), **group),))
 
 
 def scheduling_basic(nodes: int, tasks: int) -> Workload:
@@ -76,6 +76,18 @@ def gang(nodes: int, tasks: int) -> Workload:
     return Workload("gang", sim_nodes(nodes, gpu_every=0), [], measured)
 
 
+def fill_90(nodes: int, tasks: int) -> Workload:
+    """Identical tasks sized so that, all bound, they fill the cluster to 90% of its CPU and memory:
+    the shards compete for the last room, where optimistic conflicts show."""
+    cpu = 32_000 * 9 * nodes // (10 * tasks)
+    memory = 128 * GiB * 9 * nodes // (10 * tasks)
+    if cpu < 1:
+        raise ValueError(f"fill-90: {tasks} tasks cannot fill {nodes} nodes (use fewer tasks)")
+    return Workload(
+        "fill-90", sim_nodes(nodes, gpu_every=0), [], basic_jobs(tasks, cpu_milli=cpu, memory=memory)
+    )
+
+
 def gpu_mix(nodes: int, tasks: int) -> Workload:
     """CPU tasks, GPU shares, 1-8 GPU tasks and small GPU gangs on a quarter-GPU cluster."""
     return Workload("gpu-mix", sim_nodes(nodes, gpu_every=4), [], list(mixed_jobs(tasks)))
@@ -87,5 +99,6 @@ WORKLOADS: dict[str, Callable[[int, int], Workload]] = {
     "pod-anti-affinity": pod_anti_affinity,
     "preemption": preemption,
     "gang": gang,
+    "fill-90": fill_90,
     "gpu-mix": gpu_mix,
 }

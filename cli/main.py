@@ -3,7 +3,7 @@
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 # gRPC's C core logs an INFO line each time Ray forks a worker while gRPC threads run; a person at
 # a terminal needs errors only (set GRPC_VERBOSITY to see more).
@@ -13,6 +13,9 @@ import typer
 
 from gosched.cli import agent_cmd, client_cmds, master_cmds
 from gosched.common.config import load_settings
+
+if TYPE_CHECKING:
+    from gosched.bench.runner import RunResult
 
 app = typer.Typer(help="GoSched: a sharded scheduler for GPU clusters.", no_args_is_help=True)
 config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
@@ -41,9 +44,24 @@ def bench(
     ] = False,
     replicas: Annotated[int, typer.Option(help="--ingest: tasks per job.")] = 10,
     submit_batch: Annotated[int, typer.Option(help="--ingest: jobs per SubmitJobs call.")] = 500,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Also run with the tasks arriving at this rate (tasks/s), or 'half' (half the peak "
+            "just measured for the same workload, shards and profile); latency is then submission "
+            "to binding. Ray only."
+        ),
+    ] = None,
+    memory: Annotated[
+        bool,
+        typer.Option(
+            "--memory", help="Measure memory instead: --nodes nodes and --pods tasks pending (Ray)."
+        ),
+    ] = False,
 ) -> None:
     """Measure scheduling throughput, latency and conflicts per workload and shard count (or, with
-    --ingest, how fast one gRPC client gets tasks accepted)."""
+    --ingest, how fast one gRPC client gets tasks accepted; with --memory, the control plane's
+    memory)."""
     import sys
 
     from gosched.bench.in_process import profiles
@@ -56,6 +74,7 @@ def bench(
         return
     try:
         counts = [int(s) for s in shards.split(",") if s.strip()]
+        fixed_rate = _parse_rate(rate, in_process)
         chosen_profiles = profiles(profile)
         names = (
             list(WORKLOADS) if workload == "all" else [w.strip() for w in workload.split(",") if w.strip()]
@@ -70,6 +89,9 @@ def bench(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if memory:
+        _bench_memory(nodes, pods, counts[0], Path(out))
+        return
     run = run_in_process if in_process else run_ray
     results = []
     plan = [(n, c, p) for n in names for c in counts for p in chosen_profiles]
@@ -77,14 +99,55 @@ def bench(
         for name, count, prof in bar:
             result = run(WORKLOADS[name](nodes, pods), count, prof, batch_size)
             results.append(result)
-            typer.echo(
-                f"\n{result.tasks_per_s:,.0f} tasks/s  ({name}, {result.runtime}, {count} shard(s), "
-                f"profile {prof.name}, {result.bound:,} tasks in {result.seconds:.2f}s)",
-                err=False,
-            )
+            _echo_run(result)
+            if rate is not None:
+                offered = fixed_rate if fixed_rate is not None else result.tasks_per_s / 2
+                paced = run_ray(WORKLOADS[name](nodes, pods), count, prof, batch_size, rate=offered)
+                results.append(paced)
+                _echo_run(paced)
     typer.echo(table(results))
     for path in write(results, Path(out), " ".join(sys.argv)):
         typer.echo(f"wrote {path}")
+
+
+def _parse_rate(rate: str | None, in_process: bool) -> float | None:
+    """--rate: None, 'half' (None here: decided per run) or a positive number of tasks/s."""
+    if rate is None or rate == "half":
+        if rate is not None and in_process:
+            raise ValueError("--rate needs the Ray runtime (leave out --in-process)")
+        return None
+    try:
+        value = float(rate)
+    except ValueError:
+        raise ValueError(f"--rate must be a number of tasks/s or 'half', not {rate!r}") from None
+    if value <= 0 or in_process:
+        raise ValueError("--rate must be > 0" if value <= 0 else "--rate needs the Ray runtime")
+    return value
+
+
+def _echo_run(result: "RunResult") -> None:
+    paced = f", offered {result.offered_rate:,.0f}/s" if result.offered_rate else ""
+    lat = f", p99 {result.p99_ms:.0f} ms" if result.p99_ms is not None else ""
+    typer.echo(
+        f"\n{result.tasks_per_s:,.0f} tasks/s  ({result.workload}, {result.runtime}, {result.shards} "
+        f"shard(s), profile {result.profile}{paced}, {result.bound:,} tasks in {result.seconds:.2f}s{lat})"
+    )
+
+
+def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:
+    from gosched.bench.memory import measure_memory
+    from gosched.bench.report import machine
+
+    result = measure_memory(nodes, pending, shards)
+    parts = ", ".join(f"{k} {v:,.0f}" for k, v in result.rss_mib.items())
+    typer.echo(
+        f"control plane {result.control_plane_mib:,.0f} MiB with {nodes:,} nodes and {pending:,} tasks "
+        f"pending, {shards} shard(s) ({parts}; Ray's daemons apart: {result.ray_daemons_mib:,.0f} MiB)"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "memory.json"
+    path.write_text(json.dumps({"machine": machine(), "result": result.as_dict()}, indent=2))
+    typer.echo(f"wrote {path}")
 
 
 def _bench_ingest(tasks: int, replicas: int, batch: int, runtime: str, nodes: int, out: Path) -> None:
@@ -157,8 +220,12 @@ def replay(
                     done[0] += step
 
             result = run_timed_replay(
-                load_nodes(node_csv), load_timed_tasks(task_csv), compress=compress, runtime=runtime,
-                limit_s=limit_s, progress=advance,
+                load_nodes(node_csv),
+                load_timed_tasks(task_csv),
+                compress=compress,
+                runtime=runtime,
+                limit_s=limit_s,
+                progress=advance,
             )
         typer.echo(summary(result))
         for path in write_timed(result, Path(out)):

@@ -143,8 +143,18 @@ def up(
     target = f"127.0.0.1:{handle.grpc_port}"
     me = socket.gethostname()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "gosched.cli.main", "agent", "--master", target, "--name", me,
-         "--work-dir", str(root / "agent")],
+        [
+            sys.executable,
+            "-m",
+            "gosched.cli.main",
+            "agent",
+            "--master",
+            target,
+            "--name",
+            me,
+            "--work-dir",
+            str(root / "agent"),
+        ],
         stdout=subprocess.DEVNULL if detach_after_demo else None,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # Ctrl-C reaches us; we stop the agent ourselves
@@ -182,12 +192,25 @@ def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
     stamp = int(time.time())
     local = client.submit(_sample_job(f"hello-{stamp}"))
     gang = client.submit(
-        {"id": f"train-{stamp}", "replicas": 4, "min_member": 4, "gpus": 2, "cpu": "8", "memory": "32Gi",
-         "command": ["python", "train.py"]}
+        {
+            "id": f"train-{stamp}",
+            "replicas": 4,
+            "min_member": 4,
+            "gpus": 2,
+            "cpu": "8",
+            "memory": "32Gi",
+            "command": ["python", "train.py"],
+        }
     )
     shares = client.submit(
-        {"id": f"notebooks-{stamp}", "replicas": 6, "gpus": "0.25", "cpu": "2", "memory": "8Gi",
-         "command": ["jupyter", "lab"]}
+        {
+            "id": f"notebooks-{stamp}",
+            "replicas": 6,
+            "gpus": "0.25",
+            "cpu": "2",
+            "memory": "8Gi",
+            "command": ["jupyter", "lab"],
+        }
     )
     too_big = client.submit({"id": f"too-big-{stamp}", "gpus": 16, "cpu": "1", "command": ["true"]})
     infos = [client.wait(job_id, timeout=60) for job_id in (local, gang, shares)]
@@ -200,7 +223,9 @@ def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
     typer.echo(f"\noutput of {local} (ran on this machine by its agent):\n  " + out.replace("\n", "\n  "))
     typer.echo(f"\nwhy {too_big} is pending:\n  " + client.explain(too_big).replace("\n", "\n  "))
     client.cancel(too_big)
-    typer.echo(f"\nup and working in {time.monotonic() - started:.1f}s (metrics: http://localhost:{http_port}/metrics)")
+    typer.echo(
+        f"\nup and working in {time.monotonic() - started:.1f}s (metrics: http://localhost:{http_port}/metrics)"
+    )
 
 
 def _sample_job(job_id: str) -> dict[str, Any]:
@@ -223,4 +248,3 @@ def register(app: typer.Typer) -> None:
     """Add `master` and `up` to the `gosched` app."""
     app.command()(master)
     app.command()(up)
-

@@ -4,13 +4,17 @@
     BinderActor(store_path, dispatcher)  wraps Binder; owns the Store the bindings go to
     ShardActor(shard_id, profile, dispatcher, binder)   wraps SchedulerShard and runs its loop
 
-Messages travel as compact msgpack (gosched.common.codec), one message per batch, never one per
-task. One shard round (ShardActor.run_once), with its shard planning while the others plan too:
+Messages travel pickled (gosched.common.wire), one message per batch, never one per task. One
+shard round (ShardActor.run_once), with its shard planning while the others plan too:
 
     shard --next_batch(shard_id)--> dispatcher        a UnitBatch for this shard (or nothing)
     shard --commit(ProposalBatch)--> binder           the binder serialises commits (one thread)
           binder --report(BindReply w/o changes, unschedulable)--> dispatcher   (no wait)
     shard <-- BindReply with the changes since its version; apply_reply
+
+The round is pipelined: the shard asks for its next batch before it plans this one, and plans
+batch k+1 while the binder commits batch k (whose placements stay assumed in its view), so the
+dispatcher, the shard and the binder work at the same time even with one shard.
 
 The binder itself reports each outcome to the dispatcher, so a reply is never lost with a shard
 that dies after its commit, and the dispatcher hears of a batch in the Pipeline's order (verdicts,
@@ -24,6 +28,9 @@ before the driver has reloaded the dispatcher from the store), and the ids trave
 shards' round results so the driver notices a restart that no call failed on.
 """
 
+import os
+import resource
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +40,7 @@ from ray.exceptions import RayActorError
 
 from gosched.binder import queries
 from gosched.binder.binder import Binder
-from gosched.common import codec
+from gosched.common import wire
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
 from gosched.common.messages import BindReply, Change, ProposalBatch, UnitBatch
@@ -43,12 +50,29 @@ from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.runtime.gc_tuning import tune_gc
+from gosched.runtime.packed_changes import PackedChanges
 from gosched.scheduler_shard.shard import SchedulerShard
+
+# BinderCore.commit's answer: (binder incarnation, packed BindReply without its changes, packed
+# segments of the changes since the shard's view, the binder's version, resync).
+CommitAnswer = tuple[str, bytes, list[bytes], int, bool]
 
 # Actor options: no CPU reservation (the actors must never wait for a CPU slot on a small machine).
 ACTOR_CPUS = 0
 # Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
 LATENCY_KEEP = 100_000
+
+
+def process_stats(busy_s: float) -> dict[str, float]:
+    """This actor process's pid, memory (now and peak, MiB) and seconds spent on scheduling work."""
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    return {
+        "pid": os.getpid(),
+        "rss_mib": rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "busy_s": busy_s,
+    }
 
 
 class DispatcherCore:
@@ -65,6 +89,8 @@ class DispatcherCore:
         self.stale_reports = 0
         self.dispatched_at: dict[str, float] = {}  # job id -> dispatch time of its unit in flight
         self.latencies: list[float] = []  # dispatch -> bind seconds per task, drained by the API
+        self.wait_latencies: list[float] = []  # submission -> bind seconds per task (benchmarks)
+        self.busy_s = 0.0  # time in next_batch and report: the dispatcher's share of scheduling
         self._build()
 
     def _build(self) -> None:
@@ -103,6 +129,13 @@ class DispatcherCore:
 
     def next_batch(self, shard_id: int) -> tuple[str, bytes | None]:
         """(incarnation, encoded UnitBatch for `shard_id` or None when nothing is ready)."""
+        t0 = time.perf_counter()
+        try:
+            return self._next_batch(shard_id)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _next_batch(self, shard_id: int) -> tuple[str, bytes | None]:
         d = self.dispatcher
         loads = [0 if s == shard_id else 1 << 40 for s in range(d.partitions.shards)]
         batches = d.next_batches(loads, max_units=self.settings.batch_size)
@@ -113,19 +146,26 @@ class DispatcherCore:
             self.first_dispatch = mine[0].units[0].dispatch_time
         for unit in mine[0].units:
             self.dispatched_at[unit.job.id] = unit.dispatch_time
-        return self.incarnation, codec.encode(mine[0])
+        return self.incarnation, wire.pack(mine[0])
 
     def report(self, reply_data: bytes, unschedulable_data: bytes, binder_incarnation: str) -> None:
         """A batch's outcome, from the binder: verdicts first, then the shard's unschedulable."""
         if binder_incarnation != self.binder_incarnation:
             self.stale_reports += 1
             return
-        reply = codec.decode(reply_data)
+        t0 = time.perf_counter()
+        try:
+            self._report(reply_data, unschedulable_data)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _report(self, reply_data: bytes, unschedulable_data: bytes) -> None:
+        reply = wire.unpack(reply_data)
         assert isinstance(reply, BindReply)
         orphaned = self.dispatcher.on_reply(reply)
         if orphaned and self.binder is not None:  # bound for a job cancelled while in flight
             self.binder.release.remote(orphaned, TaskState.CANCELLED.value)
-        unschedulable = codec.decode(unschedulable_data)
+        unschedulable = wire.unpack(unschedulable_data)
         assert isinstance(unschedulable, list)
         if unschedulable:
             self.dispatcher.on_unschedulable(unschedulable)
@@ -137,6 +177,9 @@ class DispatcherCore:
             started = self.dispatched_at.pop(acc.job_id, 0.0)
             if started and len(self.latencies) < LATENCY_KEEP:
                 self.latencies.extend([acc.bind_time - started] * len(acc.placements))
+            if len(self.wait_latencies) < LATENCY_KEEP:
+                submitted = self.dispatcher.job(acc.job_id).submit_time
+                self.wait_latencies.extend([acc.bind_time - submitted] * len(acc.placements))
         for rej in reply.rejected:
             self.dispatched_at.pop(rej.job_id, None)
 
@@ -202,6 +245,13 @@ class DispatcherCore:
         out, self.latencies = self.latencies, []
         return out
 
+    def drain_wait_latencies(self) -> list[float]:
+        out, self.wait_latencies = self.wait_latencies, []
+        return out
+
+    def process_stats(self) -> dict[str, float]:
+        return process_stats(self.busy_s)
+
     def stats(self) -> dict[str, Any]:
         return {
             "first_dispatch": self.first_dispatch,
@@ -222,6 +272,8 @@ class BinderCore:
         self.dispatcher = dispatcher
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
+        self.busy_s = 0.0  # time in commit and changes_since
+        self.packed = PackedChanges()
         tune_gc()
 
     def get_incarnation(self) -> str:
@@ -234,24 +286,32 @@ class BinderCore:
         """The live nodes and the cluster totals (for the dispatcher's partitions and capacity)."""
         return self.binder.snapshot_nodes(), self.binder.state.totals()
 
-    def commit(self, batch_data: bytes) -> tuple[str, bytes]:
-        """Commit a shard's ProposalBatch; report the outcome to the dispatcher; answer the shard."""
-        batch = codec.decode(batch_data)
+    def commit(self, batch_data: bytes) -> CommitAnswer:
+        """Commit a shard's ProposalBatch; report the outcome to the dispatcher; answer the shard
+        with the same packed verdicts and the packed segments of changes since its view."""
+        t0 = time.perf_counter()
+        batch = wire.unpack(batch_data)
         assert isinstance(batch, ProposalBatch)
         reply = self.binder.commit(batch)
         self.commits += 1
-        verdicts = BindReply(reply.accepted, reply.rejected, reply.evicted, [], reply.version)
-        self.dispatcher.report.remote(
-            codec.encode(verdicts), codec.encode(batch.unschedulable), self.incarnation
-        )
-        return self.incarnation, codec.encode(reply)
+        verdicts = wire.pack(BindReply(reply.accepted, reply.rejected, reply.evicted, [], reply.version))
+        self.dispatcher.report.remote(verdicts, wire.pack(batch.unschedulable), self.incarnation)
+        segments, version, resync = self.packed.since(self.binder, batch.seen_version)
+        self.busy_s += time.perf_counter() - t0
+        return self.incarnation, verdicts, segments, version, resync
 
     def requeue_shard(self, shard_id: int) -> int:
         """A shard is lost: the dispatcher takes back its units, after every report sent before."""
         return int(ray.get(self.dispatcher.requeue_in_flight.remote(shard_id, self.incarnation)))
 
     def changes_since(self, version: int) -> bytes:
-        return codec.encode(self.binder.changes_since(version))
+        t0 = time.perf_counter()
+        out = wire.pack(self.binder.changes_since(version))
+        self.busy_s += time.perf_counter() - t0
+        return out
+
+    def process_stats(self) -> dict[str, float]:
+        return process_stats(self.busy_s)
 
     def release(self, task_ids: Sequence[str], reason: str) -> list[str]:
         return self.binder.release(task_ids, reason)
@@ -303,9 +363,15 @@ class ShardCore:
         self.shard = SchedulerShard(shard_id, profile)
         self.ready = False
         self.rounds = 0
+        self.busy_s = 0.0  # planning and applying replies, not the wait for the binder
+        self._next_ref: Any = None  # the next UnitBatch, asked for while this one is planned
+        self._pending: tuple[ProposalBatch, Any] | None = None  # the commit in flight
 
     def reset(self, partition: Sequence[str] | None) -> int:
-        """Drop the view and every assumption, resync from the binder; returns the version."""
+        """Drop the view and every assumption, resync from the binder; returns the version. A commit
+        or a batch in flight is forgotten: the full resync below shows whatever the binder did with
+        it, and the driver has the dispatcher take back the units it had handed out."""
+        self._next_ref = self._pending = None
         self.shard = SchedulerShard(self.shard_id, self.profile)
         self.shard.set_partition(partition)
         changes, version, resync = _decode_changes(ray.get(self.binder.changes_since.remote(0)))
@@ -319,59 +385,123 @@ class ShardCore:
 
     def sync(self) -> int:
         """Bring the view up to the binder's version now (as a reply would); returns it."""
+        self.settle()
         data = ray.get(self.binder.changes_since.remote(self.shard.version))
         changes, version, resync = _decode_changes(data)
         self.shard.sync(changes, version, resync)
         return version
 
     def run_once(self) -> dict[str, Any]:
-        """One round: pull a batch, plan it, commit it, apply the reply. Never raises for a lost
-        peer: {"lost": "dispatcher" | "binder"} tells the driver to recover."""
+        """One round, pipelined: take the batch asked for during the last round (or ask now), ask for
+        the next one, plan this one while the binder still commits the last one, then apply that
+        reply and send this commit. The shard's view keeps every unanswered plan as an assumption,
+        so the two batches never book the same room. Never raises for a lost peer:
+        {"lost": "dispatcher" | "binder"} tells the driver to recover."""
         try:
             if not self.ready:
                 self.reset(ray.get(self.dispatcher.partition_of.remote(self.shard_id)))
-            d_inc, data = ray.get(self.dispatcher.next_batch.remote(self.shard_id))
+            ref, self._next_ref = self._next_ref, None
+            if ref is None:
+                ref = self.dispatcher.next_batch.remote(self.shard_id)
+            d_inc, data = ray.get(ref)
         except RayActorError:
             return {"lost": "dispatcher"}
         if data is None:
-            return {"idle": True, "dispatcher": d_inc}
-        res = self.process(data)
-        res["dispatcher"] = d_inc
-        return res
-
-    def process(self, data: bytes) -> dict[str, Any]:
-        """Plan an encoded UnitBatch, commit it to the binder and apply the reply."""
-        batch = codec.decode(data)
+            if self._pending is None:
+                return {"idle": True, "dispatcher": d_inc}
+            res = self._finish_commit()
+            res["dispatcher"] = d_inc
+            return res
+        self._next_ref = self.dispatcher.next_batch.remote(self.shard_id)
+        t0 = time.perf_counter()
+        batch = wire.unpack(data)
         assert isinstance(batch, UnitBatch)
         planned = self.shard.schedule(batch)
+        self.busy_s += time.perf_counter() - t0
+        res = self._finish_commit() if self._pending is not None else {"idle": False, "bound": 0}
+        if "lost" in res:
+            self._drop_assumptions(planned)
+            return res
+        self._send_commit(planned)
+        res.update(
+            dispatcher=d_inc,
+            units=len(batch.units),
+            proposals=len(planned.proposals),
+            unschedulable=len(planned.unschedulable),
+        )
+        return res
+
+    def _send_commit(self, planned: ProposalBatch) -> None:
+        # The reply carries the changes after the version the view has when the commit leaves (the
+        # last reply applied), not when the batch was planned: no change is applied twice.
+        t0 = time.perf_counter()
+        planned.seen_version = self.shard.version
+        self._pending = (planned, self.binder.commit.remote(wire.pack(planned)))
+        self.busy_s += time.perf_counter() - t0
+
+    def _finish_commit(self) -> dict[str, Any]:
+        """Wait for the commit in flight and apply its reply."""
+        assert self._pending is not None
+        planned, ref = self._pending
+        self._pending = None
         try:
-            b_inc, reply_data = ray.get(self.binder.commit.remote(codec.encode(planned)))
+            b_inc, verdicts, segments, version, resync = ray.get(ref)
         except RayActorError:
-            for p in planned.proposals:  # the verdicts are unknown: drop the assumptions
-                ctx = self.shard.inflight.pop(p.job.id, None)
-                if ctx is not None:
-                    ctx.undo(self.shard.state)
+            self._drop_assumptions(planned)
             return {"lost": "binder"}
-        reply = codec.decode(reply_data)
+        t0 = time.perf_counter()
+        reply = wire.unpack(verdicts)
         assert isinstance(reply, BindReply)
+        for segment in segments:
+            reply.changes.extend(wire.unpack(segment))
+        reply.version, reply.resync = version, resync
         self.shard.apply_reply(reply)
+        self.busy_s += time.perf_counter() - t0
         self.rounds += 1
+        bound = sum(len(a.placements) for a in reply.accepted)
         return {
             "idle": False,
             "binder": b_inc,
-            "units": len(batch.units),
-            "proposals": len(planned.proposals),
-            "unschedulable": len(planned.unschedulable),
-            "bound": sum(len(a.placements) for a in reply.accepted),
+            "bound": bound,
+            "units": 0,
+            "proposals": 0,
+            "unschedulable": 0,
         }
+
+    def _drop_assumptions(self, planned: ProposalBatch) -> None:
+        """The verdicts are unknown (the binder is lost): drop the plan's assumptions."""
+        for p in planned.proposals:
+            ctx = self.shard.inflight.pop(p.job.id, None)
+            if ctx is not None:
+                ctx.undo(self.shard.state)
+
+    def process(self, data: bytes) -> dict[str, Any]:
+        """Plan a packed UnitBatch, commit it and apply the reply, unpipelined (for tests that
+        stage a race between shards)."""
+        self.settle()
+        batch = wire.unpack(data)
+        assert isinstance(batch, UnitBatch)
+        planned = self.shard.schedule(batch)
+        self._send_commit(planned)
+        res = self._finish_commit()
+        res.update(units=len(batch.units), proposals=len(planned.proposals))
+        res["unschedulable"] = len(planned.unschedulable)
+        return res
+
+    def settle(self) -> dict[str, Any] | None:
+        """Finish the commit in flight, if any (before a sync, or when asked)."""
+        return self._finish_commit() if self._pending is not None else None
 
     def inflight_count(self) -> int:
         return len(self.shard.inflight)
 
+    def process_stats(self) -> dict[str, float]:
+        return process_stats(self.busy_s)
+
 
 def _decode_changes(data: bytes) -> tuple[list[Change], int, bool]:
     """BinderCore.changes_since's answer: (changes, version, resync)."""
-    decoded = codec.decode(data)
+    decoded = wire.unpack(data)
     assert isinstance(decoded, tuple) and len(decoded) == 3
     changes, version, resync = decoded
     return list(changes), int(version), bool(resync)

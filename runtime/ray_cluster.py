@@ -145,10 +145,16 @@ class RayScheduler:
         return ids
 
     # -- the loop ----------------------------------------------------------------------------------
-    def run_until_idle(self, timeout: float = 300.0, on_round: Callable[[int], None] | None = None) -> int:
+    def run_until_idle(
+        self,
+        timeout: float = 300.0,
+        on_round: Callable[[int], None] | None = None,
+        more_coming: Callable[[], bool] | None = None,
+    ) -> int:
         """Run the shards' rounds until nothing is dispatched, nothing is in flight and no job is
         backing off. Returns the rounds run; raises TimeoutError after `timeout` seconds.
-        `on_round(n)` is called after the n-th completed round (fault injection in tests)."""
+        `on_round(n)` is called after the n-th completed round (fault injection in tests);
+        while `more_coming()` is true (jobs still being submitted) the run is never idle."""
         deadline = time.monotonic() + timeout
         rounds = 0
         outstanding: dict[Any, int] = {}
@@ -174,6 +180,8 @@ class RayScheduler:
                     counts = ray.get(self.dispatcher.counts.remote())
                     if counts["incarnation"] != self.dispatcher_incarnation:
                         self._recover()
+                    elif more_coming is not None and more_coming() and counts["waiting"] == 0:
+                        time.sleep(IDLE_POLL_S)
                     elif counts["in_flight"] == 0 and counts["waiting"] == 0:
                         if self._probe_idle():
                             return rounds
@@ -298,6 +306,20 @@ class RayScheduler:
         span = d["last_bind"] - d["first_dispatch"]
         out["tasks_per_s"] = d["bound_tasks"] / span if span > 0 and d["first_dispatch"] else 0.0
         return out
+
+    def process_stats(self) -> dict[str, dict[str, float]]:
+        """Per actor process: pid, RSS and peak RSS (MiB), busy seconds. Keys: dispatcher, binder,
+        shard-0, shard-1, ..."""
+        handles = {"dispatcher": self.dispatcher, "binder": self.binder}
+        handles.update({f"shard-{i}": s for i, s in enumerate(self.shards)})
+        got = ray.get([h.process_stats.remote() for h in handles.values()])
+        return dict(zip(handles, got, strict=True))
+
+    def drain_latencies(self) -> tuple[list[float], list[float]]:
+        """Seconds per bound task since the last drain: (dispatch -> bind, submission -> bind)."""
+        dispatched = ray.get(self.dispatcher.drain_latencies.remote())
+        waited = ray.get(self.dispatcher.drain_wait_latencies.remote())
+        return dispatched, waited
 
     def shutdown(self) -> None:
         """Kill the actors (and stop Ray if this scheduler started it)."""

@@ -160,9 +160,7 @@ class RayControl:
         return released
 
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
-        got: list[NodeSnapshot] = ray.get(
-            self.rs.binder.nodes.remote(None if names is None else list(names))
-        )
+        got: list[NodeSnapshot] = ray.get(self.rs.binder.nodes.remote(None if names is None else list(names)))
         return got
 
     def residents(self, names: Sequence[str]) -> dict[str, list[str]]:

@@ -78,8 +78,15 @@ def master(tmp_path: Path) -> Iterator[ServerHandle]:
         store_path=str(tmp_path / "g.db"), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S
     )
     handle = serve(
-        settings, (), grpc_port=0, http_port=None, host="127.0.0.1", runtime="local",
-        heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S, wait_ready=True,
+        settings,
+        (),
+        grpc_port=0,
+        http_port=None,
+        host="127.0.0.1",
+        runtime="local",
+        heartbeat_interval_s=0.2,
+        node_timeout_s=TIMEOUT_S,
+        wait_ready=True,
     )
     yield handle
     handle.stop()

@@ -58,8 +58,24 @@ class Agents:
     def start(self, name: str, *, cpus: str = "2", labels: str = "pool=e2e") -> None:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "gosched.cli.main", "agent", "--master", self.target, "--name", name,
-             "--cpus", cpus, "--memory", "4Gi", "--labels", labels, "--work-dir", str(self.root / name)],
+            [
+                sys.executable,
+                "-m",
+                "gosched.cli.main",
+                "agent",
+                "--master",
+                self.target,
+                "--name",
+                name,
+                "--cpus",
+                cpus,
+                "--memory",
+                "4Gi",
+                "--labels",
+                labels,
+                "--work-dir",
+                str(self.root / name),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -175,16 +191,56 @@ def test_cli_submit_wait_and_listing(system: tuple[ServerHandle, Client, Agents]
     gosched = [sys.executable, "-m", "gosched.cli.main"]
     env = {**os.environ, "GOSCHED_MASTER": handle.target}
     ok = subprocess.run(
-        [*gosched, "submit", "--cpus", "0.5", "--mem", "64Mi", "--replicas", "2", "--min-member", "2",
-         "--selector", "pool=e2e", "--name", "from-cli", "--wait", "--", "sh", "-c", "echo cli"],
-        env=env, capture_output=True, text=True, timeout=90,
+        [
+            *gosched,
+            "submit",
+            "--cpus",
+            "0.5",
+            "--mem",
+            "64Mi",
+            "--replicas",
+            "2",
+            "--min-member",
+            "2",
+            "--selector",
+            "pool=e2e",
+            "--name",
+            "from-cli",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "echo cli",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert client.get("from-cli").state is JobState.SUCCEEDED
     bad = subprocess.run(
-        [*gosched, "submit", "--cpus", "0.5", "--mem", "64Mi", "--selector", "pool=e2e",
-         "--name", "cli-fails", "--wait", "--", "sh", "-c", "exit 4"],
-        env=env, capture_output=True, text=True, timeout=90,
+        [
+            *gosched,
+            "submit",
+            "--cpus",
+            "0.5",
+            "--mem",
+            "64Mi",
+            "--selector",
+            "pool=e2e",
+            "--name",
+            "cli-fails",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "exit 4",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert bad.returncode == 1, bad.stdout + bad.stderr
     listed = subprocess.run(
@@ -271,8 +327,13 @@ def test_master_loses_a_shard_actor_while_10000_jobs_flow(tmp_path: Path) -> Non
     from gosched.runtime.simulation import sim_nodes
 
     handle = serve(
-        _settings(tmp_path / "gosched.db", batch_size=256), sim_nodes(200), grpc_port=0, http_port=None,
-        host="127.0.0.1", runtime="ray", wait_ready=True,
+        _settings(tmp_path / "gosched.db", batch_size=256),
+        sim_nodes(200),
+        grpc_port=0,
+        http_port=None,
+        host="127.0.0.1",
+        runtime="ray",
+        wait_ready=True,
     )
     try:
         with Client(handle.target, timeout=60) as client:
@@ -298,9 +359,26 @@ def test_master_loses_a_shard_actor_while_10000_jobs_flow(tmp_path: Path) -> Non
 
 def test_gosched_up_shows_the_system_working(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gosched.cli.main", "up", "--exit-after-demo", "--sim-nodes", "4",
-         "--shards", "2", "--grpc-port", "0", "--http-port", "0", "--work-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "gosched.cli.main",
+            "up",
+            "--exit-after-demo",
+            "--sim-nodes",
+            "4",
+            "--shards",
+            "2",
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            "--work-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
