@@ -6,6 +6,7 @@ measured tasks. Node and task counts are parameters.
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gosched.common.job import AntiAffinity, Job, NodeSelectorTerm, Requirement, SelectorOp, TaskGroup
 from gosched.common.node import Node
@@ -25,7 +26,7 @@ class Workload:
         return sum(j.total_replicas for j in self.measured)
 
 
-def _one(job_id: str, req: ResourceRequest, **group: object) -> Job:
+def _one(job_id: str, req: ResourceRequest, **group: Any) -> Job:
     return Job(id=job_id, groups=(TaskGroup("main", 1, req, ("sleep", "60"), **group),))
 
 

@@ -3,6 +3,7 @@
 import enum
 from dataclasses import dataclass, field
 
+from gosched.common.fast_pickle import fast_pickle
 from gosched.common.node import TaintEffect
 from gosched.common.resources import ResourceRequest
 
@@ -16,6 +17,7 @@ class SelectorOp(enum.StrEnum):
     LT = "Lt"
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Requirement:
     """One node-label requirement, as in Kubernetes' NodeSelectorRequirement."""
@@ -25,6 +27,7 @@ class Requirement:
     values: tuple[str, ...] = ()
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class NodeSelectorTerm:
     """All requirements must hold (AND). Required affinity is an OR over terms."""
@@ -32,12 +35,14 @@ class NodeSelectorTerm:
     requirements: tuple[Requirement, ...]
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class PreferredTerm:
     weight: int  # 1..100
     term: NodeSelectorTerm
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Toleration:
     """Tolerates taints with `key` (empty key + Exists: every taint) and, if set, `effect`."""
@@ -48,6 +53,7 @@ class Toleration:
     effect: TaintEffect | None = None
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class AntiAffinity:
     """Keep tasks apart: no two matching tasks in the same topology domain.
@@ -61,6 +67,7 @@ class AntiAffinity:
     match_labels: tuple[tuple[str, str], ...] = ()
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class TaskGroup:
     role: str
@@ -93,6 +100,7 @@ class JobKind(enum.StrEnum):
     SERVICE = "service"
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Job:
     """A scheduling unit: its tasks are placed all-or-nothing up to `min_member`."""

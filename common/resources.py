@@ -2,9 +2,12 @@
 
 from dataclasses import dataclass, field
 
+from gosched.common.fast_pickle import fast_pickle
+
 GPU_MILLI = 1000  # one whole GPU in milli-GPU
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class ResourceRequest:
     """What one task asks for. `gpus` whole GPUs, or `gpu_milli` (< 1000) of one GPU, never both.

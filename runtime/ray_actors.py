@@ -453,7 +453,9 @@ class ShardCore:
         reply = wire.unpack(verdicts)
         assert isinstance(reply, BindReply)
         for segment in segments:
-            reply.changes.extend(wire.unpack(segment))
+            changes = wire.unpack(segment)
+            assert isinstance(changes, list)
+            reply.changes.extend(changes)
         reply.version, reply.resync = version, resync
         self.shard.apply_reply(reply)
         self.busy_s += time.perf_counter() - t0

@@ -1,16 +1,19 @@
 """The benchmark's own arithmetic on tiny runs, and its command line."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from gosched.bench.memory import measure_memory
 from gosched.bench.report import table, write
-from gosched.bench.runner import run_in_process
+from gosched.bench.runner import _Submitter, run_in_process, run_ray
 from gosched.bench.workloads import WORKLOADS
 from gosched.cli.main import app
 from gosched.common.config import MINIMAL_PROFILE, ProfileConfig
+from gosched.runtime.simulation import basic_jobs
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
@@ -50,3 +53,45 @@ def test_cli_prints_tasks_per_second(tmp_path: Path) -> None:
 def test_cli_rejects_bad_arguments(args: list[str]) -> None:
     out = CliRunner().invoke(app, ["bench", "--in-process", *args])
     assert out.exit_code == 2
+
+
+def test_fill_90_asks_for_nine_tenths_of_the_cluster() -> None:
+    w = WORKLOADS["fill-90"](100, 500)
+    cpu = sum(j.groups[0].resources.cpu_milli for j in w.measured)
+    memory = sum(j.groups[0].resources.memory for j in w.measured)
+    capacity_cpu = sum(n.cpu_milli for n in w.nodes)
+    capacity_mem = sum(n.memory for n in w.nodes)
+    assert 0.89 * capacity_cpu <= cpu <= 0.9 * capacity_cpu
+    assert 0.89 * capacity_mem <= memory <= 0.9 * capacity_mem
+
+
+def test_submitter_sends_every_job_once_in_order_at_the_rate() -> None:
+    sent: list[str] = []
+    jobs = basic_jobs(300)
+    sub = _Submitter(lambda chunk: sent.extend(j.id for j in chunk), jobs, rate=3000.0)
+    start = time.perf_counter()
+    sub.start()
+    sub.join(timeout=10)
+    assert sub.done.is_set() and sub.error is None
+    assert sent == [j.id for j in jobs]
+    # 300 tasks at 3,000/s cannot all go out before 0.1 s (less the first slice's share)
+    assert time.perf_counter() - start >= 0.09
+
+
+def test_ray_run_at_a_rate_and_memory_report() -> None:
+    w = WORKLOADS["scheduling-basic"](30, 200)
+    r = run_ray(w, 2, ProfileConfig(), batch_size=32, rate=1000.0)
+    assert r.bound == r.tasks == 200 and r.offered_rate == 1000.0
+    assert r.p50_ms is not None and r.p99_ms is not None and 0 < r.p50_ms <= r.p99_ms
+    assert set(r.process_rss_mib) == {"dispatcher", "binder", "shard-0", "shard-1", "driver"}
+    assert r.peak_rss_mib == pytest.approx(sum(r.process_rss_mib.values()))
+    assert r.component_s["binder"] > 0 and r.component_s["shards"] > 0
+    m = measure_memory(40, 500, 2)
+    assert m.pending_tasks == 500 and {"dispatcher", "binder", "shard-0", "shard-1"} <= set(m.rss_mib)
+    assert m.control_plane_mib == pytest.approx(sum(m.rss_mib.values())) and m.control_plane_mib > 0
+
+
+@pytest.mark.parametrize("rate", ["fast", "-5", "0"])
+def test_cli_rejects_a_bad_rate(rate: str) -> None:
+    out = CliRunner().invoke(app, ["bench", "--rate", rate])
+    assert out.exit_code == 2 and "--rate" in out.output

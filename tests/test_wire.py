@@ -1,0 +1,33 @@
+"""Actor messages survive the trip through common/wire.py unchanged (frozen dataclasses included)."""
+
+import copy
+
+from gosched.common import wire
+from gosched.common.messages import Proposal, ProposalBatch, Unit, UnitBatch
+from gosched.common.resources import ResourceRequest
+from tests.builders import make_job
+
+
+def test_batches_round_trip_equal_and_hash_equal() -> None:
+    jobs = [
+        make_job("a").cpu("2").gpus(1).priority(100).selector(zone="z1").labels(app="web").build(),
+        make_job("b").cpu("500m").tolerate("gpu").build(),
+    ]
+    units = UnitBatch(3, [Unit(job=j, task_indexes=(0,), min_needed=1) for j in jobs])
+    back = wire.unpack(wire.pack(units))
+    assert back == units
+    assert [hash(u.job) for u in back.units] == [hash(j) for j in jobs]  # type: ignore[attr-defined]
+    planned = ProposalBatch(3, 7, [Proposal(jobs[0], [], 1, 0, 0.0, 0)])
+    assert wire.unpack(wire.pack(planned)) == planned
+
+
+def test_frozen_objects_copy_and_stay_frozen() -> None:
+    req = ResourceRequest(cpu_milli=1500, memory=2**30, gpus=2)
+    back = wire.unpack(wire.pack(req))
+    assert back == req and copy.deepcopy(req) == req and copy.copy(req) == req
+    try:
+        back.cpu_milli = 1  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("an unpickled frozen dataclass must stay frozen")
