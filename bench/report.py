@@ -74,6 +74,8 @@ def plot(results: Sequence[RunResult], path: Path) -> Path | None:
     ax2.set_xlabel("shards")
     ax2.set_ylabel("binder conflicts (% of proposals)")
     ax2.set_title("conflict rate")
+    ax1.set_ylim(bottom=0)
+    ax2.set_ylim(bottom=0)  # rates are never negative, also when every run had none
     ax1.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
