@@ -19,6 +19,14 @@ def machine() -> dict[str, object]:
     }
 
 
+def write_result(out_dir: Path, name: str, result: dict[str, object]) -> Path:
+    """One measurement as JSON, with the machine it was taken on (ingest, memory)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    path.write_text(json.dumps({"machine": machine(), "result": result}, indent=2))
+    return path
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 

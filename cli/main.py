@@ -136,7 +136,7 @@ def _echo_run(result: "RunResult") -> None:
 
 def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:
     from gosched.bench.memory import measure_memory
-    from gosched.bench.report import machine
+    from gosched.bench.report import write_result
 
     result = measure_memory(nodes, pending, shards)
     parts = ", ".join(f"{k} {v:,.0f}" for k, v in result.rss_mib.items())
@@ -144,15 +144,12 @@ def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:
         f"control plane {result.control_plane_mib:,.0f} MiB with {nodes:,} nodes and {pending:,} tasks "
         f"pending, {shards} shard(s) ({parts}; Ray's daemons apart: {result.ray_daemons_mib:,.0f} MiB)"
     )
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "memory.json"
-    path.write_text(json.dumps({"machine": machine(), "result": result.as_dict()}, indent=2))
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {write_result(out, 'memory.json', result.as_dict())}")
 
 
 def _bench_ingest(tasks: int, replicas: int, batch: int, runtime: str, nodes: int, out: Path) -> None:
     from gosched.bench.ingest import run_ingest
-    from gosched.bench.report import machine
+    from gosched.bench.report import write_result
 
     if replicas < 1 or batch < 1 or tasks < 1:
         typer.echo("error: --pods, --replicas and --submit-batch must be >= 1", err=True)
@@ -165,10 +162,7 @@ def _bench_ingest(tasks: int, replicas: int, batch: int, runtime: str, nodes: in
         f"of {replicas}, {batch} jobs a call, {runtime}; call p50 {result.p50_call_ms:.0f} ms, "
         f"p99 {result.p99_call_ms:.0f} ms)"
     )
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "ingest.json"
-    path.write_text(json.dumps({"machine": machine(), "result": result.as_dict()}, indent=2))
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {write_result(out, 'ingest.json', result.as_dict())}")
 
 
 @app.command()
