@@ -28,6 +28,7 @@ before the driver has reloaded the dispatcher from the store), and the ids trave
 shards' round results so the driver notices a restart that no call failed on.
 """
 
+import contextlib
 import os
 import resource
 import time
@@ -177,7 +178,7 @@ class DispatcherCore:
             started = self.dispatched_at.pop(acc.job_id, 0.0)
             if started and len(self.latencies) < LATENCY_KEEP:
                 self.latencies.extend([acc.bind_time - started] * len(acc.placements))
-            if len(self.wait_latencies) < LATENCY_KEEP:
+            if len(self.wait_latencies) < LATENCY_KEEP and acc.job_id in self.dispatcher:
                 submitted = self.dispatcher.job(acc.job_id).submit_time
                 self.wait_latencies.extend([acc.bind_time - submitted] * len(acc.placements))
         for rej in reply.rejected:
@@ -366,6 +367,7 @@ class ShardCore:
         self.busy_s = 0.0  # planning and applying replies, not the wait for the binder
         self._next_ref: Any = None  # the next UnitBatch, asked for while this one is planned
         self._pending: tuple[ProposalBatch, Any] | None = None  # the commit in flight
+        self._binder_lost = False  # a sync() found the binder gone: the next round says so
 
     def reset(self, partition: Sequence[str] | None) -> int:
         """Drop the view and every assumption, resync from the binder; returns the version. A commit
@@ -385,7 +387,10 @@ class ShardCore:
 
     def sync(self) -> int:
         """Bring the view up to the binder's version now (as a reply would); returns it."""
-        self.settle()
+        settled = self.settle()
+        if settled is not None and "lost" in settled:
+            self._binder_lost = True
+            return self.shard.version
         data = ray.get(self.binder.changes_since.remote(self.shard.version))
         changes, version, resync = _decode_changes(data)
         self.shard.sync(changes, version, resync)
@@ -397,6 +402,9 @@ class ShardCore:
         reply and send this commit. The shard's view keeps every unanswered plan as an assumption,
         so the two batches never book the same room. Never raises for a lost peer:
         {"lost": "dispatcher" | "binder"} tells the driver to recover."""
+        if self._binder_lost:  # noticed by a sync() between rounds
+            self._binder_lost = False
+            return {"lost": "binder"}
         try:
             if not self.ready:
                 self.reset(ray.get(self.dispatcher.partition_of.remote(self.shard_id)))
@@ -418,7 +426,11 @@ class ShardCore:
         assert isinstance(batch, UnitBatch)
         planned = self.shard.schedule(batch)
         self.busy_s += time.perf_counter() - t0
-        res = self._finish_commit() if self._pending is not None else {"idle": False, "bound": 0}
+        try:
+            res = self._finish_commit() if self._pending is not None else {"idle": False, "bound": 0}
+        except BaseException:
+            self._drop_assumptions(planned)
+            raise
         if "lost" in res:
             self._drop_assumptions(planned)
             return res
@@ -449,6 +461,9 @@ class ShardCore:
         except RayActorError:
             self._drop_assumptions(planned)
             return {"lost": "binder"}
+        except BaseException:  # the binder failed this commit: its verdicts are unknown
+            self._drop_assumptions(planned)
+            raise
         t0 = time.perf_counter()
         reply = wire.unpack(verdicts)
         assert isinstance(reply, BindReply)
@@ -489,6 +504,15 @@ class ShardCore:
         res.update(units=len(batch.units), proposals=len(planned.proposals))
         res["unschedulable"] = len(planned.unschedulable)
         return res
+
+    def quiesce(self) -> None:
+        """Wait for every call this shard has out (the prefetched batch, the commit) and forget
+        them; the driver calls it before it reloads the dispatcher, then resets the shard."""
+        calls = [c for c in (self._next_ref, self._pending[1] if self._pending else None) if c]
+        self._next_ref = self._pending = None
+        for call in calls:
+            with contextlib.suppress(Exception):  # a lost peer: nothing more will land
+                ray.get(call)
 
     def settle(self) -> dict[str, Any] | None:
         """Finish the commit in flight, if any (before a sync, or when asked)."""

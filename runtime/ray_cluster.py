@@ -242,10 +242,11 @@ class RayScheduler:
     def _probe_idle(self) -> bool:
         """One more round on every shard: idle only if none of them got a batch."""
         results = []
-        for shard in self.shards:
+        for s, shard in enumerate(self.shards):
             try:
                 results.append(ray.get(shard.run_once.remote()))
             except RayActorError:
+                self._shard_lost(s)  # its units go back to the queue
                 return False
         busy = False
         for res in results:
@@ -280,6 +281,11 @@ class RayScheduler:
         nodes and partitions, and reset every shard's view. Nothing runs meanwhile."""
         self.counters["control_recoveries"] += 1
         deadline = time.monotonic() + timeout
+        # Every shard's calls still out (a prefetched batch, a commit) end before the reload reads
+        # the store: one landing after it would hand out or bind units the reload cannot see.
+        for shard in self.shards:
+            with contextlib.suppress(RayActorError):
+                ray.get(shard.quiesce.remote())
         while True:
             try:
                 self.binder_incarnation = ray.get(self.binder.get_incarnation.remote())

@@ -1,8 +1,10 @@
 """Actor messages survive the trip through common/wire.py unchanged (frozen dataclasses included)."""
 
 import copy
+from dataclasses import dataclass
 
 from gosched.common import wire
+from gosched.common.job import Toleration
 from gosched.common.messages import Proposal, ProposalBatch, Unit, UnitBatch
 from gosched.common.resources import ResourceRequest
 from tests.builders import make_job
@@ -31,3 +33,14 @@ def test_frozen_objects_copy_and_stay_frozen() -> None:
         pass
     else:
         raise AssertionError("an unpickled frozen dataclass must stay frozen")
+
+
+@dataclass(frozen=True)
+class _ExtendedToleration(Toleration):
+    extra: int = 5
+
+
+def test_a_subclass_with_more_fields_keeps_them() -> None:
+    tol = _ExtendedToleration("gpu", "Equal", "yes", None, extra=7)
+    back = wire.unpack(wire.pack(tol))
+    assert back == tol and back.extra == 7  # type: ignore[attr-defined]
