@@ -6,7 +6,7 @@ confirm they are gone, then bind), persists the whole batch in one store transac
 with the changes since the shard's last view (binder/changelog.py).
 
     Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000)
-    .commit(batch: ProposalBatch) -> BindReply
+    .commit(batch: ProposalBatch, *, with_changes=True) -> BindReply
     .add_nodes(nodes) -> int            .set_node_state(name, state) -> int
     .remove_node(name) -> list[str]     .release(task_ids, reason) -> list[str]
     .changes_since(version) -> (changes, version, resync)    .snapshot() -> list[Change]
@@ -271,9 +271,10 @@ class Binder:
         return [r.task_id for r in lost] + [e.task_id for e in broken]
 
     # -- the plan applier -----------------------------------------------------------------------------
-    def commit(self, batch: ProposalBatch) -> BindReply:
+    def commit(self, batch: ProposalBatch, *, with_changes: bool = True) -> BindReply:
         """Check, apply and persist a batch of proposals; reply with the outcome and the changes
-        since `batch.seen_version`."""
+        since `batch.seen_version` (left empty with `with_changes=False`, for a caller that sends
+        the changes its own way; reply.version is the binder's version either way)."""
         self._usable()
         now = self.clock()
         proposals = batch.proposals
@@ -301,7 +302,10 @@ class Binder:
             version = self.version + len(changes)
             self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
             self._publish(changes)
-        reply.changes, reply.version, reply.resync = self.changes_since(batch.seen_version)
+        if with_changes:
+            reply.changes, reply.version, reply.resync = self.changes_since(batch.seen_version)
+        else:
+            reply.version = self.version
         return reply
 
     def _commit_clean(

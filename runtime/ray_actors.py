@@ -293,7 +293,7 @@ class BinderCore:
         t0 = time.perf_counter()
         batch = wire.unpack(batch_data)
         assert isinstance(batch, ProposalBatch)
-        reply = self.binder.commit(batch)
+        reply = self.binder.commit(batch, with_changes=False)  # the changes go as packed segments
         self.commits += 1
         verdicts = wire.pack(BindReply(reply.accepted, reply.rejected, reply.evicted, [], reply.version))
         self.dispatcher.report.remote(verdicts, wire.pack(batch.unschedulable), self.incarnation)
