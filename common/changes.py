@@ -5,13 +5,17 @@ from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound
 
 
 def apply_change(state: ClusterArrays, change: Change) -> None:
-    """Apply one change; idempotent for tasks (a bound task already resident is left as it is)."""
+    """Apply one change; idempotent for tasks (a bound task already resident keeps its usage)."""
     if isinstance(change, TaskBound):
-        if change.resident.task_id in state.task_row:
-            return
+        resident = change.resident
         row = state.row_of.get(change.node)
-        if row is not None:
-            state.place(row, change.resident)
+        held = state.task_row.get(resident.task_id)
+        if held is None:
+            if row is not None:
+                state.place(row, resident)
+        elif held == row and state.residents[row][resident.task_id].gpus == resident.gpus:
+            # A shard's own placement, bound as planned: same usage; keep the binder's record.
+            state.residents[row][resident.task_id] = resident
     elif isinstance(change, TaskReleased):
         state.release(change.task_id)
     elif isinstance(change, NodeUpserted):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gosched.common.fast_pickle import fast_pickle
 from gosched.common.job import Job, task_id
 from gosched.common.node import Node, NodeState, Taint
 from gosched.common.resources import GPU_MILLI
@@ -27,6 +28,7 @@ NO_VICTIM = np.iinfo(np.int64).max
 _GENERATIONS = itertools.count(1)
 
 
+@fast_pickle
 @dataclass(slots=True)
 class Resident:
     """A task holding resources on a node, with what preemption and anti-affinity need to know."""

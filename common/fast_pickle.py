@@ -1,8 +1,11 @@
-"""Quicker pickling for frozen, slotted dataclasses.
+"""Quicker pickling for slotted dataclasses: the actors' messages are made of them.
 
-For such a class, `dataclasses` installs a __getstate__/__setstate__ that call `fields()` on every
-object, which made unpickling a batch of jobs between the actors cost more than planning it. The
-pair installed here reads the field names once, when the class is decorated.
+By default pickle takes such an object apart through copyreg (a dict of slot values per object) or,
+for a frozen class, through the __getstate__/__setstate__ pair `dataclasses` installs, which calls
+`fields()` on every object. Here the object is reduced to its class and its field values in order,
+read with one C attrgetter, and rebuilt by calling the class: two to three times faster each way,
+and smaller (no field names in the stream). Rebuilding goes through __init__, so a frozen object
+comes back frozen and hashes as before.
 """
 
 import dataclasses
@@ -13,26 +16,20 @@ T = TypeVar("T")
 
 
 def fast_pickle(cls: type[T]) -> type[T]:
-    names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-    if not names:
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if not fields:
         return cls
+    if any(not f.init for f in fields):
+        raise TypeError(f"{cls.__name__}: fast_pickle needs every field in __init__")
+    names = tuple(f.name for f in fields)
     read = attrgetter(*names)
     single = len(names) == 1
-    setattr_ = object.__setattr__
 
-    def _names(self: Any) -> tuple[str, ...]:
-        # a subclass may add fields: it pays for reading them, rather than losing them
-        return names if type(self) is cls else tuple(f.name for f in dataclasses.fields(self))
+    def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
+        kind = type(self)
+        if kind is not cls:  # a subclass may add fields: it pays for reading them, not losing them
+            return kind, tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        return cls, ((read(self),) if single else read(self))
 
-    def __getstate__(self: Any) -> tuple[Any, ...]:
-        if type(self) is not cls:
-            return tuple(getattr(self, n) for n in _names(self))
-        return (read(self),) if single else read(self)
-
-    def __setstate__(self: Any, state: tuple[Any, ...]) -> None:
-        for name, value in zip(_names(self), state, strict=True):
-            setattr_(self, name, value)
-
-    setattr(cls, "__getstate__", __getstate__)  # noqa: B010 (assigning methods to a class)
-    setattr(cls, "__setstate__", __setstate__)  # noqa: B010
+    setattr(cls, "__reduce__", __reduce__)  # noqa: B010 (assigning a method to a class)
     return cls

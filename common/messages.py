@@ -7,11 +7,13 @@ serialised, between Ray actors. All traffic is batched: one message carries many
 from dataclasses import dataclass, field
 
 from gosched.common.cluster_state import Resident
+from gosched.common.fast_pickle import fast_pickle
 from gosched.common.job import Job
 from gosched.common.node import Node
 
 
 # -- dispatcher -> shard -----------------------------------------------------------------------
+@fast_pickle
 @dataclass(slots=True)
 class Unit:
     """One scheduling attempt of a job: place `task_indexes`, at least `min_needed` of them."""
@@ -27,6 +29,7 @@ class Unit:
     held: int = 0
 
 
+@fast_pickle
 @dataclass(slots=True)
 class UnitBatch:
     shard_id: int
@@ -34,6 +37,7 @@ class UnitBatch:
 
 
 # -- shard -> binder ---------------------------------------------------------------------------
+@fast_pickle
 @dataclass(slots=True)
 class Placement:
     task_index: int
@@ -42,6 +46,7 @@ class Placement:
     victims: tuple[str, ...] = ()  # task ids to evict first (preemption)
 
 
+@fast_pickle
 @dataclass(slots=True)
 class Proposal:
     job: Job
@@ -52,6 +57,7 @@ class Proposal:
     held: int = 0  # as in Unit: the binder asks for more if some of them are gone since
 
 
+@fast_pickle
 @dataclass(slots=True)
 class Diagnosis:
     """Why a task fits nowhere: for each filter, how many nodes it was the first to rule out."""
@@ -72,6 +78,7 @@ class Diagnosis:
         return text
 
 
+@fast_pickle
 @dataclass(slots=True)
 class Unschedulable:
     job_id: str
@@ -80,6 +87,7 @@ class Unschedulable:
     attempt: int = 0
 
 
+@fast_pickle
 @dataclass(slots=True)
 class ProposalBatch:
     shard_id: int
@@ -89,22 +97,26 @@ class ProposalBatch:
 
 
 # -- binder -> shards and dispatcher --------------------------------------------------------------
+@fast_pickle
 @dataclass(slots=True)
 class NodeUpserted:
     node: Node
 
 
+@fast_pickle
 @dataclass(slots=True)
 class NodeRemoved:
     name: str
 
 
+@fast_pickle
 @dataclass(slots=True)
 class TaskBound:
     node: str
     resident: Resident
 
 
+@fast_pickle
 @dataclass(slots=True)
 class TaskReleased:
     task_id: str
@@ -114,6 +126,7 @@ class TaskReleased:
 Change = NodeUpserted | NodeRemoved | TaskBound | TaskReleased
 
 
+@fast_pickle
 @dataclass(slots=True)
 class AcceptedUnit:
     job_id: str
@@ -121,6 +134,7 @@ class AcceptedUnit:
     bind_time: float
 
 
+@fast_pickle
 @dataclass(slots=True)
 class RejectedUnit:
     job_id: str
@@ -129,6 +143,7 @@ class RejectedUnit:
     stage: str  # the binder check stage that refused it
 
 
+@fast_pickle
 @dataclass(slots=True)
 class Eviction:
     task_id: str
@@ -137,6 +152,7 @@ class Eviction:
     preemptor: str  # job id of the unit that evicted it ("" for a gang break)
 
 
+@fast_pickle
 @dataclass(slots=True)
 class BindReply:
     accepted: list[AcceptedUnit]

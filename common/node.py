@@ -3,6 +3,8 @@
 import enum
 from dataclasses import dataclass, field
 
+from gosched.common.fast_pickle import fast_pickle
+
 
 class TaintEffect(enum.StrEnum):
     NO_SCHEDULE = "NoSchedule"
@@ -21,6 +23,7 @@ class NodeState(enum.StrEnum):
     DRAINING = "draining"
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Taint:
     key: str
@@ -28,6 +31,7 @@ class Taint:
     effect: TaintEffect = TaintEffect.NO_SCHEDULE
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Gpu:
     """One physical GPU. `nvlink_peers` holds indexes of GPUs on the same node linked by NVLink."""
@@ -40,6 +44,7 @@ class Gpu:
     nvlink_peers: tuple[int, ...] = ()
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Node:
     name: str

@@ -67,9 +67,20 @@ class SchedulerShard:
         self._compact()
 
     def apply_reply(self, reply: BindReply) -> None:
-        """Drop the assumptions the binder has answered for, then take its changes."""
-        for ctx_owner in [*(a.job_id for a in reply.accepted), *(r.job_id for r in reply.rejected)]:
-            ctx = self.inflight.pop(ctx_owner, None)
+        """Settle the assumptions the binder has answered for, then take its changes.
+
+        A unit bound exactly as planned (every placement, no eviction) stays in the view: the
+        reply's changes hold its bindings, which then only swap in the binder's records (see
+        apply_change). Undoing it to place it again would cost a release, a place and a refresh
+        of the row per task for the same result. Any other answered assumption is undone first.
+        """
+        rejected = {r.job_id for r in reply.rejected}
+        for acc in reply.accepted:
+            ctx = self.inflight.pop(acc.job_id, None)
+            if ctx is not None and not (acc.job_id not in rejected and ctx.bound_as_planned(acc)):
+                ctx.undo(self.state)
+        for job_id in rejected:
+            ctx = self.inflight.pop(job_id, None)
             if ctx is not None:
                 ctx.undo(self.state)
         self.sync(reply.changes, reply.version, reply.resync)

@@ -8,7 +8,7 @@ redoes the assumptions still in flight.
 from dataclasses import dataclass, field
 
 from gosched.common.cluster_state import ClusterArrays, Resident
-from gosched.common.messages import Placement, Unit
+from gosched.common.messages import AcceptedUnit, Placement, Unit
 
 PLACE = "place"
 EVICT = "evict"
@@ -35,6 +35,11 @@ class UnitContext:
         assert node is not None
         self.log.append((EVICT, node.name, resident))
         self.victims_by_job[resident.job_id] = self.victims_by_job.get(resident.job_id, 0) + 1
+
+    def bound_as_planned(self, accepted: AcceptedUnit) -> bool:
+        """The binder bound every placement of this attempt, which evicted nothing: the view
+        already holds exactly what the binder's changes for it will say."""
+        return len(accepted.placements) == len(self.placements) and all(a == PLACE for a, _, _ in self.log)
 
     def drop_stale(self, state: ClusterArrays, task_id: str) -> None:
         """The unit's own task is still resident in this (stale) view: the dispatcher sends only

@@ -903,3 +903,38 @@ def test_a_shard_that_knows_no_node_yet_answers_unschedulable() -> None:
     assert not batch.proposals
     assert [u.job_id for u in batch.unschedulable] == ["early"]
     assert batch.unschedulable[0].diagnosis.total_nodes == 0
+
+
+# -- settling a reply: a unit bound as planned stays in the view -------------------------------------
+@pytest.mark.parametrize(
+    ("answer", "bound_indexes"),
+    [
+        ("all bound", (0, 1)),  # kept as assumed; the binder's records (start time 2000) swapped in
+        ("one dropped", (0,)),  # undone, then the binder's one binding applied
+        ("rejected", ()),  # undone, nothing applied
+    ],
+)
+def test_a_settled_reply_leaves_the_view_equal_to_the_binders_changes(
+    answer: str, bound_indexes: tuple[int, ...]
+) -> None:
+    from gosched.binder.state import arrays_view
+    from gosched.common.messages import AcceptedUnit, BindReply, RejectedUnit, TaskBound
+
+    nodes = [make_node("n1").cpu("8").gpus(2).build(), make_node("n2").cpu("8").gpus(2).build()]
+    gang = make_job("g").cpu("2").gpus(1).replicas(2).min_member(1).build()
+    shard = shard_with(nodes)
+    (proposal,) = run_units(shard, [gang]).proposals
+    by_index = {p.task_index: p for p in proposal.placements}
+    assert sorted(by_index) == [0, 1]
+    kept = [by_index[i] for i in bound_indexes]
+    changes: list = [TaskBound(p.node, Resident.for_task(gang, p.task_index, p.gpus, 2000.0)) for p in kept]
+    dropped = tuple(i for i in (0, 1) if i not in bound_indexes)
+    accepted = [AcceptedUnit("g", kept, 2000.0)] if kept else []
+    rejected = [RejectedUnit("g", dropped, "gpu taken", "gpus_free")] if dropped else []
+    shard.apply_reply(BindReply(accepted, rejected, [], changes, len(nodes) + len(changes)))
+
+    expected = shard_with(
+        nodes, [(gang, p.task_index, p.node, p.gpus) for p in kept], start_times={"g": 2000.0}
+    )
+    assert shard.inflight == {}
+    assert arrays_view(shard.state) == arrays_view(expected.state)
