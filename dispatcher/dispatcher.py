@@ -43,6 +43,7 @@ from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import NOT_ELIGIBLE, CapacityPlanner
+from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
 from gosched.dispatcher.queues import PolicyQueue, make_queue
 from gosched.dispatcher.records import FinishedJob, JobRecord, Where, job_state_of
@@ -109,6 +110,7 @@ class Dispatcher:
         self._inflight = 0  # units in flight
         self.skipped_on_restore: list[str] = []  # stored jobs of queues no longer configured
         self._ensure_shards(self.partitions.shards)
+        self._group_interner = GroupInterner()
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -142,7 +144,7 @@ class Dispatcher:
             batch_ids.add(job.id)
             if not job.submit_time:
                 job = replace(job, submit_time=now)
-            new.append(job)
+            new.append(self._group_interner.intern(job))
             ids.append(job.id)
         if not new:
             return ids
@@ -651,7 +653,7 @@ class Dispatcher:
                 restored += 1
                 continue
             self._seq += 1
-            rec = JobRecord(job, self._seq, self._queue_index[job.queue], states)
+            rec = JobRecord(self._group_interner.intern(job), self._seq, self._queue_index[job.queue], states)
             rec.cancelled = CANCELLED in states
             self._jobs[job.id] = rec
             if job.submission_id:

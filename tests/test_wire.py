@@ -44,3 +44,47 @@ def test_a_subclass_with_more_fields_keeps_them() -> None:
     tol = _ExtendedToleration("gpu", "Equal", "yes", None, extra=7)
     back = wire.unpack(wire.pack(tol))
     assert back == tol and back.extra == 7  # type: ignore[attr-defined]
+
+
+def test_every_message_type_round_trips_equal() -> None:
+    from gosched.common.cluster_state import Resident
+    from gosched.common.messages import (
+        AcceptedUnit,
+        BindReply,
+        Diagnosis,
+        Eviction,
+        NodeRemoved,
+        NodeUpserted,
+        Placement,
+        RejectedUnit,
+        TaskBound,
+        TaskReleased,
+        Unschedulable,
+    )
+    from tests.builders import make_node
+
+    job = make_job("g").cpu("1").gpus(1).replicas(2).min_member(2).labels(team="x").build()
+    placement = Placement(1, "n1", ((0, 1000),), ("v/0",))
+    resident = Resident.for_task(job, 1, ((0, 1000),), 12.5)
+    node = make_node("n1").cpu("8").gpus(2).label(zone="z1").taint("gpu", "yes").build()
+    messages: list[object] = [
+        Unit(job, (0, 1), 2, 3, frozenset({"q"}), 1.5, 1),
+        Proposal(job, [placement], 2, 3, 1.5, 1),
+        ProposalBatch(2, 9, [], [Unschedulable("g", (0,), Diagnosis(10, {"insufficient cpu": 10}, "n"), 1)]),
+        BindReply(
+            [AcceptedUnit("g", [placement], 3.0)],
+            [RejectedUnit("g", (0,), "why", "stage")],
+            [Eviction("v/0", "v", 0, "g")],
+            [
+                NodeUpserted(node),
+                NodeRemoved("n2"),
+                TaskBound("n1", resident),
+                TaskReleased("v/0", "preempted"),
+            ],
+            12,
+            True,
+        ),
+    ]
+    for message in messages:
+        back = wire.unpack(wire.pack(message))
+        assert type(back) is type(message) and back == message
