@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.job import TaskGroup
-from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Rows, ScorePlugin
+from gosched.scheduler_shard.framework.interfaces import FilterPlugin, RowFilter, Rows, RowScore, ScorePlugin
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 
@@ -33,6 +33,9 @@ class ClassEntry:
     eff: F = field(default_factory=lambda: np.zeros(0))  # score where feasible, -inf elsewhere
     dyn_filters: list[FilterPlugin] = field(default_factory=list)
     dyn_scores: list[tuple[ScorePlugin, float]] = field(default_factory=list)
+    # Each dynamic plugin's scalar one-row version, or None where it has none (the vector is used).
+    row_filters: list[RowFilter | None] = field(default_factory=list)
+    row_scores: list[RowScore | None] = field(default_factory=list)
 
 
 class ClassCache:
@@ -85,6 +88,8 @@ class ClassCache:
         entry.static_ok, entry.static_score = ok, score
         entry.dyn_filters = [f for f in self.profile.dynamic_filters if f.relevant(tc, state)]
         entry.dyn_scores = dyn_scores
+        entry.row_filters = [f.row_filter(tc) for f in entry.dyn_filters]
+        entry.row_scores = [p.row_score(tc) for p, _ in dyn_scores]
         entry.eff = np.full(n, NEG_INF)
         entry.meta_gen, entry.n, entry.state_id = state.meta_generation, n, id(state)
         entry.position = state.dirty_position
@@ -101,20 +106,29 @@ class ClassCache:
         entry.eff[rows] = np.where(ok, score, NEG_INF)
 
     def _update_row(self, entry: ClassEntry, state: ClusterArrays, row: int) -> None:
-        """_update for one row, accumulated in scalars and stopping at the first filter that fails:
-        the same result, without a dozen numpy calls on one-element arrays."""
+        """_update for one row, accumulated in Python floats in the same order, with each plugin's
+        scalar version where it has one (numpy calls on one-element arrays cost more than the
+        arithmetic), stopping at the first filter that fails."""
         if not entry.static_ok[row]:
             entry.eff[row] = NEG_INF
             return
-        tc, rows = entry.tc, np.array([row], np.int64)
-        for f in entry.dyn_filters:
-            if not f.filter(tc, state, rows)[0]:
+        tc, one = entry.tc, None
+        for f, fits in zip(entry.dyn_filters, entry.row_filters, strict=True):
+            if fits is not None:
+                ok = fits(state, row)
+            else:
+                one = np.array([row], np.int64) if one is None else one
+                ok = bool(f.filter(tc, state, one)[0])
+            if not ok:
                 entry.eff[row] = NEG_INF
                 return
         score = float(entry.static_score[row])
-        for plugin, weight in entry.dyn_scores:
-            value = plugin.score(tc, state, rows)
-            score += weight * float(value[0] if isinstance(value, np.ndarray) else value)
+        for (plugin, weight), row_score in zip(entry.dyn_scores, entry.row_scores, strict=True):
+            if row_score is not None:
+                score += weight * row_score(state, row)
+            else:
+                one = np.array([row], np.int64) if one is None else one
+                score += weight * float(plugin.score(tc, state, one)[0])
         entry.eff[row] = score
 
     def oldest_position(self) -> int | None:

@@ -9,6 +9,7 @@ a cached result can be refreshed row by row. A score is normalised by its plugin
 against a fixed scale (never the observed max), which keeps that property; the profile weights it.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 Rows = npt.NDArray[np.int64] | slice
 Mask = npt.NDArray[np.bool_]
 Scores = npt.NDArray[np.float64]
+# One-row versions of filter() and score(), on plain Python scalars, for the per-task refresh of the
+# row a placement dirtied: numpy calls on one-element arrays cost more than the arithmetic itself.
+RowFilter = Callable[[ClusterArrays, int], bool]
+RowScore = Callable[[ClusterArrays, int], float]
 
 
 class FilterPlugin:
@@ -44,6 +49,10 @@ class FilterPlugin:
         """(reason, rows it rules out) pairs; by default one reason for the whole filter."""
         return [(self.reason, ~self.filter(tc, state, rows))]
 
+    def row_filter(self, tc: TaskClass) -> RowFilter | None:
+        """filter() for one row, for this class (the same verdict); None: no scalar version."""
+        return None
+
 
 class ScorePlugin:
     name = ""
@@ -54,6 +63,10 @@ class ScorePlugin:
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
         raise NotImplementedError
+
+    def row_score(self, tc: TaskClass) -> RowScore | None:
+        """score() for one row, for this class (the same float); None: no scalar version."""
+        return None
 
 
 class UnitFilterPlugin:

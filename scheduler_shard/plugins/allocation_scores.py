@@ -10,7 +10,7 @@ import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.resources import GPU_MILLI, ResourceRequest
-from gosched.scheduler_shard.framework.interfaces import Rows, ScorePlugin, Scores
+from gosched.scheduler_shard.framework.interfaces import Rows, RowScore, ScorePlugin, Scores
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
 
@@ -21,8 +21,8 @@ _memo: list[Any] = [None, None, None, -1, None]
 
 
 def fractions_after(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[Any]:
-    """Used/capacity after placement for each resource the task asks for (cpu always): arrays over
-    `rows`, or plain floats when `rows` is one row (they broadcast alike in the cache's sums).
+    """Used/capacity after placement for each resource the task asks for (cpu always), as arrays
+    over `rows`.
 
     Several scores need the same fractions for the same rows in one refresh: memoised on the
     (rows object, view, view position, class) so they are computed once.
@@ -33,10 +33,6 @@ def fractions_after(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[Any
         hit: list[Any] = memo[4]
         return hit
     req = tc.request
-    if isinstance(rows, np.ndarray) and rows.size == 1:
-        out = _one_row(req, state, int(rows[0]))
-        memo[:] = [rows, state, tc, position, out]
-        return out
     out = [(state.cpu_used[rows] + req.cpu_milli) / np.maximum(state.cpu_cap[rows], 1)]
     if req.memory:
         out.append((state.mem_used[rows] + req.memory) / np.maximum(state.mem_cap[rows], 1))
@@ -47,15 +43,25 @@ def fractions_after(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[Any
     return out
 
 
-def _one_row(req: ResourceRequest, state: ClusterArrays, r: int) -> list[Any]:
-    """fractions_after for the one row a placement dirtied (the per-task refresh), as floats: numpy
-    calls on one-element arrays cost ~1.5 us each, several times the arithmetic itself."""
+# The last row_fractions call's (view, row, view position, request) and result: the scores of one
+# row's refresh share it. Objects are compared by identity, as for _memo.
+_row_memo: list[Any] = [None, -1, -1, None, None]
+
+
+def row_fractions(req: ResourceRequest, state: ClusterArrays, r: int) -> list[float]:
+    """fractions_after for one row, as floats, by the same arithmetic (the per-task refresh)."""
+    memo = _row_memo
+    position = state.dirty_position
+    if memo[1] == r and memo[0] is state and memo[2] == position and memo[3] is req:
+        hit: list[float] = memo[4]
+        return hit
     out = [(int(state.cpu_used[r]) + req.cpu_milli) / max(int(state.cpu_cap[r]), 1)]
     if req.memory:
         out.append((int(state.mem_used[r]) + req.memory) / max(int(state.mem_cap[r]), 1))
     if req.wants_gpu:
         cap = max(int(state.gpu_count[r]) * GPU_MILLI, 1)
         out.append((int(state.gpu_used_total[r]) + req.gpu_total_milli) / cap)
+    memo[:] = [state, r, position, req, out]
     return out
 
 
@@ -75,6 +81,10 @@ class MostAllocated(ScorePlugin):
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
         return 100.0 * _mean(fractions_after(tc, state, rows))
 
+    def row_score(self, tc: TaskClass) -> RowScore:
+        req = tc.request
+        return lambda state, r: 100.0 * _mean(row_fractions(req, state, r))
+
 
 @register
 class LeastAllocated(ScorePlugin):
@@ -83,6 +93,10 @@ class LeastAllocated(ScorePlugin):
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
         return 100.0 - 100.0 * _mean(fractions_after(tc, state, rows))
+
+    def row_score(self, tc: TaskClass) -> RowScore:
+        req = tc.request
+        return lambda state, r: 100.0 - 100.0 * _mean(row_fractions(req, state, r))
 
 
 @register
@@ -97,9 +111,16 @@ class BalancedAllocation(ScorePlugin):
         return tc.request.memory > 0 or tc.request.wants_gpu
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
-        fr = fractions_after(tc, state, rows)
-        if len(fr) == 2:  # the usual cpu+memory case: the deviation of two values is half their gap
-            return 100.0 - 50.0 * np.abs(fr[0] - fr[1])
-        mean = _mean(fr)
-        var = sum((f - mean) ** 2 for f in fr) / len(fr)
-        return 100.0 - 100.0 * np.sqrt(var)
+        return _balanced(fractions_after(tc, state, rows))
+
+    def row_score(self, tc: TaskClass) -> RowScore:
+        req = tc.request
+        return lambda state, r: float(_balanced(row_fractions(req, state, r)))
+
+
+def _balanced(fr: list[Any]) -> Any:
+    if len(fr) == 2:  # the usual cpu+memory case: the deviation of two values is half their gap
+        return 100.0 - 50.0 * abs(fr[0] - fr[1])
+    mean = _mean(fr)
+    var = sum((f - mean) ** 2 for f in fr) / len(fr)
+    return 100.0 - 100.0 * np.sqrt(var)

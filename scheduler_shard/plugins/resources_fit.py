@@ -4,7 +4,7 @@ import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.resources import GPU_MILLI
-from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, Rows
+from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, RowFilter, Rows
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
 
@@ -44,13 +44,6 @@ class ResourcesFit(FilterPlugin):
 
     def filter(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
         req = tc.request
-        if isinstance(rows, np.ndarray) and rows.size == 1 and not req.extended and not req.wants_gpu:
-            # The per-task refresh of the one row a placement dirtied: scalars, not numpy calls.
-            r = int(rows[0])
-            fits = int(state.cpu_used[r]) + req.cpu_milli <= int(state.cpu_cap[r]) and (
-                not req.memory or int(state.mem_used[r]) + req.memory <= int(state.mem_cap[r])
-            )
-            return np.array([fits])
         ok = state.cpu_used[rows] + req.cpu_milli <= state.cpu_cap[rows]
         if req.memory:
             ok &= state.mem_used[rows] + req.memory <= state.mem_cap[rows]
@@ -60,6 +53,25 @@ class ResourcesFit(FilterPlugin):
         if req.wants_gpu:
             ok &= gpu_fit(tc, state, rows)
         return ok
+
+    def row_filter(self, tc: TaskClass) -> RowFilter | None:
+        req = tc.request
+        if req.extended or (req.wants_gpu and (tc.group.gpu_models or req.gpu_memory_mib)):
+            return None  # per-GPU eligibility: the vector path
+        cpu, mem, whole, share = req.cpu_milli, req.memory, tc.gpu_whole, tc.gpu_share
+
+        def fits(state: ClusterArrays, r: int) -> bool:
+            if int(state.cpu_used[r]) + cpu > int(state.cpu_cap[r]):
+                return False
+            if mem and int(state.mem_used[r]) + mem > int(state.mem_cap[r]):
+                return False
+            if whole:
+                return int(state.free_whole[r]) >= whole
+            if share:
+                return int(state.max_share[r]) >= share
+            return True
+
+        return fits
 
     def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
         req = tc.request
