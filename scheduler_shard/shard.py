@@ -13,7 +13,16 @@ import numpy.typing as npt
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.config import ProfileConfig
-from gosched.common.messages import BindReply, Change, Proposal, ProposalBatch, Unit, UnitBatch
+from gosched.common.messages import (
+    BindReply,
+    Change,
+    Proposal,
+    ProposalBatch,
+    TaskBound,
+    TaskReleased,
+    Unit,
+    UnitBatch,
+)
 from gosched.scheduler_shard.class_cache import ClassCache
 from gosched.scheduler_shard.framework.profile import build_profile
 from gosched.scheduler_shard.placer import Placer
@@ -54,15 +63,26 @@ class SchedulerShard:
         return self._own_rows
 
     def sync(self, changes: list[Change], version: int, resync: bool = False) -> None:
-        """Bring the view to the binder's `version`, keeping in-flight assumptions on top."""
+        """Bring the view to the binder's `version`, keeping in-flight assumptions on top.
+
+        Usage adds up, so changes that touch no task an assumption placed or evicted, and no
+        node, apply on top of the assumptions to the same view; the rest are applied underneath
+        them (undo, apply, redo). With pipelined rounds a reply always meets the next batch's
+        assumptions, so the usual case skips undoing and redoing every one of them.
+        """
         live = list(self.inflight.values())
-        for ctx in reversed(live):
-            ctx.undo(self.state)
-        if resync:
-            self.state = ClusterArrays()
-        apply_changes(self.state, changes)
-        for ctx in live:
-            ctx.redo(self.state)
+        if live and (resync or _touches_assumptions(live, changes)):
+            for ctx in reversed(live):
+                ctx.undo(self.state)
+            if resync:
+                self.state = ClusterArrays()
+            apply_changes(self.state, changes)
+            for ctx in live:
+                ctx.redo(self.state)
+        else:
+            if resync:
+                self.state = ClusterArrays()
+            apply_changes(self.state, changes)
         self.version = version
         self._compact()
 
@@ -125,3 +145,20 @@ class SchedulerShard:
                 unschedulable.append(leftover)
         self._compact()
         return ProposalBatch(self.shard_id, self.version, proposals, unschedulable)
+
+
+def _touches_assumptions(live: list[UnitContext], changes: list[Change]) -> bool:
+    """Whether a change names a task that a live attempt placed or evicted, or is a node change."""
+    if not changes:
+        return False
+    assumed = {resident.task_id for ctx in live for _, _, resident in ctx.log}
+    for change in changes:
+        if isinstance(change, TaskBound):
+            if change.resident.task_id in assumed:
+                return True
+        elif isinstance(change, TaskReleased):
+            if change.task_id in assumed:
+                return True
+        else:  # NodeUpserted, NodeRemoved: rare; take the careful path
+            return True
+    return False

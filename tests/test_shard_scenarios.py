@@ -938,3 +938,64 @@ def test_a_settled_reply_leaves_the_view_equal_to_the_binders_changes(
     )
     assert shard.inflight == {}
     assert arrays_view(shard.state) == arrays_view(expected.state)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_changes_beside_the_assumptions_apply_on_top_as_they_would_underneath(seed: int) -> None:
+    """sync() skips undoing and redoing live attempts when no change names a task they placed or
+    evicted: the view must come out exactly as by the careful path (undo, apply, redo)."""
+    import copy
+    import random
+
+    from gosched.binder.state import arrays_view
+    from gosched.common.changes import apply_changes
+    from gosched.common.messages import TaskBound, TaskReleased
+    from gosched.scheduler_shard import shard as shard_module
+
+    rng = random.Random(seed)
+    nodes = [make_node(f"n{i}").cpu("16").mem("64Gi").gpus(4).build() for i in range(6)]
+    running = [make_job(f"r{i}").cpu("2").mem("1Gi").priority(rng.randint(0, 5)).build() for i in range(10)]
+    shard = shard_with(nodes, [(j, 0, rng.choice(nodes).name, ()) for j in running])
+    pending = [make_job(f"p{i}").cpu("1").mem("1Gi").gpus(rng.choice([0, 1])).build() for i in range(8)]
+    run_units(shard, pending)  # live assumptions
+    assert len(shard.inflight) == 8
+    newcomers = [make_job(f"x{i}").cpu("1").gpus(1).priority(rng.randint(0, 5)).build() for i in range(5)]
+    changes: list = [TaskReleased(j.id + "/0", "succeeded") for j in rng.sample(running, 4)]
+    changes += [
+        TaskBound(rng.choice(nodes).name, Resident.for_task(j, 0, ((3, 1000),), 5.0)) for j in newcomers
+    ]
+    rng.shuffle(changes)
+
+    careful = copy.deepcopy(shard)
+    live = list(careful.inflight.values())
+    for ctx in reversed(live):
+        ctx.undo(careful.state)
+    apply_changes(careful.state, changes)
+    for ctx in live:
+        ctx.redo(careful.state)
+
+    assert not shard_module._touches_assumptions(list(shard.inflight.values()), changes)
+    shard.sync(changes, version=99)
+    assert arrays_view(shard.state) == arrays_view(careful.state)
+    n = shard.state.n
+    assert (shard.state.min_victim_priority[:n] == careful.state.min_victim_priority[:n]).all()
+
+
+def test_a_change_naming_an_assumed_task_takes_the_careful_path() -> None:
+    from gosched.common.messages import NodeRemoved, TaskBound, TaskReleased
+    from gosched.scheduler_shard import shard as shard_module
+
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("4").build()]
+    victim = make_job("v").cpu("8").priority(0).build()
+    other = make_job("o").cpu("1").build()
+    shard = shard_with(nodes, [(victim, 0, "n1", ()), (other, 0, "n2", ())])
+    hi = make_job("hi").cpu("8").priority(100).build()
+    (proposal,) = run_units(shard, [hi]).proposals
+    assert proposal.placements[0].victims == ("v/0",)  # the attempt evicted v/0 in the view
+    live = list(shard.inflight.values())
+    assert shard_module._touches_assumptions(live, [TaskReleased("v/0", "succeeded")])  # evicted
+    bound = TaskBound("n1", Resident.for_task(hi, 0, (), 1.0))
+    assert shard_module._touches_assumptions(live, [bound])  # placed
+    assert shard_module._touches_assumptions(live, [NodeRemoved("n2")])  # any node change
+    assert not shard_module._touches_assumptions(live, [TaskReleased("o/0", "succeeded")])
+    assert not shard_module._touches_assumptions(live, [])
