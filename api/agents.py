@@ -315,10 +315,11 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         job_ids = sorted({split_task_id(t)[0] for tids in touched for t in tids})
         snaps = {j: snap for j, snap in zip(job_ids, control.jobs(job_ids, placements=True), strict=True)}
         by_node = {s.node: s for s in live}
+        attempts = control.task_attempts([t for tids in launches.values() for t in tids]) if launches else {}
         for node, tids in launches.items():
             s = by_node[node]
             for tid in tids:
-                msg = _launch(tid, snaps.get(split_task_id(tid)[0]))
+                msg = _launch(tid, snaps.get(split_task_id(tid)[0]), attempts.get(tid, 0))
                 if msg is not None:
                     self.logs.reset(tid)  # a new run: its output replaces the last run's
                     s.sent.add(tid)
@@ -334,7 +335,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 s.outbox.put(agent_pb2.SchedulerMessage(kill=kill))
 
 
-def _launch(tid: str, snap: JobSnapshot | None) -> agent_pb2.LaunchTask | None:
+def _launch(tid: str, snap: JobSnapshot | None, attempt: int) -> agent_pb2.LaunchTask | None:
     if snap is None:
         return None
     job_id, index = split_task_id(tid)
@@ -353,7 +354,7 @@ def _launch(tid: str, snap: JobSnapshot | None) -> agent_pb2.LaunchTask | None:
         cpu_milli=res.cpu_milli,
         memory=res.memory,
         gpus=[pb.GpuAssignment(index=i, milli=m) for i, m in placed[1]],
-        attempt=0,
+        attempt=attempt,
         service=snap.job.kind is JobKind.SERVICE,
         image=group.image,
     )

@@ -271,6 +271,19 @@ class Store:
             row = self._conn.execute("SELECT attempt FROM tasks WHERE task_id = ?", (tid,)).fetchone()
         return None if row is None else int(row[0])
 
+    def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """Each known task's attempt: how many times it went back to pending after holding
+        resources (a restart count, as the node agent tells the task)."""
+        out: dict[str, int] = {}
+        ids = list(task_ids)
+        with self._lock:
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT task_id, attempt FROM tasks WHERE task_id IN ({marks})"
+                out.update((str(t), int(a)) for t, a in self._conn.execute(sql, chunk))
+        return out
+
     # -- tasks ------------------------------------------------------------------------------------
     def commit(
         self,

@@ -61,6 +61,10 @@ class ControlPlane(Protocol):
         """The tasks are gone with their node or agent: free them and queue them again."""
         ...
 
+    def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """Each task's restart count (times it went back to pending after holding resources)."""
+        ...
+
     # -- nodes -------------------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None: ...
 

@@ -54,6 +54,9 @@ class LocalControl:
     def started(self, task_ids: Sequence[str]) -> None:
         self.pipeline.dispatcher.on_started(task_ids)
 
+    def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return self.pipeline.store.task_attempts(task_ids)
+
     def finished(self, task_ids: Sequence[str], final: TaskState) -> None:
         self.pipeline.complete(task_ids, final)
 

@@ -227,6 +227,9 @@ class DispatcherCore:
         """Cancel; returns the tasks that held resources (the caller frees them at the binder)."""
         return self.dispatcher.cancel(job_id)
 
+    def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return self.store.task_attempts(task_ids)
+
     def on_started(self, task_ids: Sequence[str]) -> list[str]:
         return self.dispatcher.on_started(task_ids)
 

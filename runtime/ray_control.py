@@ -125,6 +125,10 @@ class RayControl:
     def started(self, task_ids: Sequence[str]) -> None:
         ray.get(self.rs.dispatcher.on_started.remote(list(task_ids)))
 
+    def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = ray.get(self.rs.dispatcher.task_attempts.remote(list(task_ids)))
+        return out
+
     def finished(self, task_ids: Sequence[str], final: TaskState) -> None:
         ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
         ray.get(self.rs.dispatcher.on_released.remote(list(task_ids), final.value))

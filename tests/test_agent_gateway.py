@@ -142,6 +142,7 @@ def test_a_rerun_replaces_the_last_runs_output(master: ServerHandle) -> None:
             agent.report(first.task_id, pb.TASK_STATE_FAILED, message="lost: agent restarted")
             second = agent.launches.get(timeout=10)  # requeued, and placed on the one node again
             assert second.task_id == first.task_id
+            assert (first.attempt, second.attempt) == (0, 1)  # the task is told it is a restart
             agent.send(log=pb.LogChunk(task_id=second.task_id, stream="stdout", offset=0, data=b"second\n"))
             agent.report(second.task_id, pb.TASK_STATE_RUNNING)
             agent.report(second.task_id, pb.TASK_STATE_SUCCEEDED)

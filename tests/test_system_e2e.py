@@ -261,7 +261,7 @@ def test_agent_killed_tasks_requeued_and_never_run_twice(
     agents.start("kill-b", labels="pool=kill")
     wait_for("the pool=kill agents", lambda: ready_nodes(client, {"kill-a", "kill-b"}))
     runs = tmp_path / "runs"
-    script = f'echo "start $GOSCHED_TASK_ID" >> {runs}; sleep 8; echo end >> {runs}'
+    script = f'echo "start $GOSCHED_TASK_ID $GOSCHED_ATTEMPT" >> {runs}; sleep 8; echo end >> {runs}'
     job = client.submit(shell_job("survivor", script, pool="kill", cpu="2"))
     first = client.wait(job, states={JobState.RUNNING}, timeout=30)
     victim = first.tasks[0].node
@@ -278,7 +278,11 @@ def test_agent_killed_tasks_requeued_and_never_run_twice(
     time.sleep(1.0)
     lines = runs.read_text().splitlines()
     assert lines.count("end") == 1, lines  # the stale copy never finished
-    assert lines.count(f"start {job}/0") == 2
+    # Two runs, the second told it is the task's first restart (GOSCHED_ATTEMPT).
+    assert sorted(line for line in lines if line.startswith("start")) == [
+        f"start {job}/0 0",
+        f"start {job}/0 1",
+    ]
 
 
 def _node_of(client: Client, job: str) -> str:
