@@ -81,6 +81,8 @@ class _Writes:
     """Task rows to persist, the latest write per task winning (order kept)."""
 
     rows: dict[str, tuple[str, Gpus] | TaskState] = field(default_factory=dict)
+    # Bindings of the fast path's clean proposals: no other write of the batch names their tasks.
+    clean_binds: list[tuple[str, str, Gpus]] = field(default_factory=list)
 
     def bind(self, tid: str, node: str, gpus: Gpus) -> None:
         self.rows.pop(tid, None)
@@ -91,7 +93,7 @@ class _Writes:
         self.rows[tid] = state
 
     def split(self) -> tuple[list[tuple[str, str, Gpus]], list[tuple[str, TaskState]]]:
-        bound: list[tuple[str, str, Gpus]] = []
+        bound: list[tuple[str, str, Gpus]] = list(self.clean_binds)
         states: list[tuple[str, TaskState]] = []
         for tid, w in self.rows.items():
             if isinstance(w, TaskState):
@@ -317,19 +319,18 @@ class Binder:
             return
         all_rows: list[int] = []
         residents: list[Resident] = []
+        binds = writes.clean_binds
         for unit in clean:
             p = proposals[unit.index]
             job = p.job
             changes: list[Change] = []
-            for pl, row in zip(p.placements, unit.rows, strict=True):
+            for pl in p.placements:  # unit.rows holds their rows, in the same order
                 r = make_resident(job, pl.task_index, pl.gpus, now)
                 residents.append(r)
-                all_rows.append(row)
                 changes.append(TaskBound(pl.node, r))
-                writes.bind(r.task_id, pl.node, pl.gpus)
-            outcomes[unit.index] = _Outcome(
-                accepted=AcceptedUnit(job.id, list(p.placements), now), changes=changes
-            )
+                binds.append((r.task_id, pl.node, pl.gpus))
+            all_rows.extend(unit.rows)
+            outcomes[unit.index] = _Outcome(accepted=AcceptedUnit(job.id, p.placements, now), changes=changes)
         self.truth.place_many(all_rows, residents)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:

@@ -27,7 +27,7 @@ import numpy as np
 from gosched.binder.stages import gang_need, gpu_shape_error, request_error
 from gosched.binder.state import BinderState
 from gosched.common.cluster_state import MAX_GPUS
-from gosched.common.job import split_task_id, task_id
+from gosched.common.job import split_task_id
 from gosched.common.messages import Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 
@@ -45,7 +45,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
     gpu_exists = a.gpu_exists
     task_row = a.task_row
 
-    tids = [[task_id(p.job.id, pl.task_index) for pl in p.placements] for p in proposals]
+    tids = [[f"{p.job.id}/{pl.task_index}" for pl in p.placements] for p in proposals]  # task_id()
     named = Counter(t for ts in tids for t in ts)
     victims = {v for p in proposals for pl in p.placements for v in pl.victims}
     victim_jobs = {split_task_id(v)[0] for v in victims}
@@ -62,6 +62,8 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
     g_idx: list[int] = []
     g_milli: list[int] = []
     maybe: list[CleanUnit] = []
+    # request_error per request object: the batch's jobs mostly share a few (interned groups).
+    bad_request: dict[int, bool] = {}
 
     for i, p in enumerate(proposals):
         job = p.job
@@ -81,7 +83,10 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
                 clean = False
                 continue  # fails task_valid whatever happens: never consumes
             req = single if single is not None else job.group_of(idx).resources
-            if row is None or request_error(req) is not None:
+            bad = bad_request.get(id(req))
+            if bad is None:
+                bad = bad_request[id(req)] = request_error(req) is not None
+            if row is None or bad:
                 clean = False
                 continue  # fails node_exists / task_valid whatever happens: never consumes
             rows.append(row)
