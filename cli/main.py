@@ -58,10 +58,16 @@ def bench(
             "--memory", help="Measure memory instead: --nodes nodes and --pods tasks pending (Ray)."
         ),
     ] = False,
+    messages: Annotated[
+        bool,
+        typer.Option(
+            "--messages", help="Measure what the actors' messages cost to pack and unpack per task."
+        ),
+    ] = False,
 ) -> None:
     """Measure scheduling throughput, latency and conflicts per workload and shard count (or, with
     --ingest, how fast one gRPC client gets tasks accepted; with --memory, the control plane's
-    memory)."""
+    memory; with --messages, what the actors' messages cost per task)."""
     import sys
 
     from gosched.bench.in_process import profiles
@@ -69,6 +75,9 @@ def bench(
     from gosched.bench.runner import run_in_process, run_ray
     from gosched.bench.workloads import WORKLOADS
 
+    if messages:
+        _bench_messages(Path(out))
+        return
     if ingest:
         _bench_ingest(pods, replicas, submit_batch, "local" if in_process else "ray", nodes, Path(out))
         return
@@ -132,6 +141,16 @@ def _echo_run(result: "RunResult") -> None:
         f"\n{result.tasks_per_s:,.0f} tasks/s  ({result.workload}, {result.runtime}, {result.shards} "
         f"shard(s), profile {result.profile}{paced}, {result.bound:,} tasks in {result.seconds:.2f}s{lat})"
     )
+
+
+def _bench_messages(out: Path) -> None:
+    from gosched.bench.message_costs import measure
+    from gosched.bench.message_costs import table as cost_table
+    from gosched.bench.report import write_result
+
+    costs = measure()
+    typer.echo(cost_table(costs))
+    typer.echo(f"wrote {write_result(out, 'messages.json', {'messages': [c.as_dict() for c in costs]})}")
 
 
 def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:

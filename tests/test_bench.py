@@ -95,3 +95,20 @@ def test_ray_run_at_a_rate_and_memory_report() -> None:
 def test_cli_rejects_a_bad_rate(rate: str) -> None:
     out = CliRunner().invoke(app, ["bench", "--rate", rate])
     assert out.exit_code == 2 and "--rate" in out.output
+
+
+def test_message_costs_cover_the_four_hot_messages_per_task() -> None:
+    from gosched.bench.message_costs import measure, table
+
+    costs = measure(tasks=64, repeat=2)
+    assert [c.name.split()[0] for c in costs] == ["units", "proposals", "changes", "verdicts"]
+    for c in costs:
+        assert c.bytes_per_task > 10 and c.pack_us > 0 and c.unpack_us > 0
+    assert table(costs).splitlines()[-1].startswith("total")
+
+
+def test_bench_messages_writes_its_json(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "--messages", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "messages.json").read_text())
+    assert len(data["result"]["messages"]) == 4 and data["machine"]["cpus"] >= 1
