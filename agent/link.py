@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import grpc
 
 from gosched.agent.outbox import Outbox
+from gosched.common.node import AGENT_MAX_BACKOFF_S
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("gosched.agent")
 BACKOFF_FIRST_S = 0.2
-BACKOFF_MAX_S = 5.0
+BACKOFF_MAX_S = AGENT_MAX_BACKOFF_S  # the master allows for it after a restart
 STABLE_SESSION_S = 5.0  # a session that lasted this long starts the backoff over
 REGISTER_TIMEOUT_S = 5.0
 TAKE_WAIT_S = 0.2  # how often a stream's sender looks whether its session has closed

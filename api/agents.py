@@ -36,7 +36,7 @@ from gosched.api.logs import LogStore
 from gosched.api.service import SchedulerService
 from gosched.common.errors import SpecError
 from gosched.common.job import JobKind, split_task_id
-from gosched.common.node import AGENT_LABEL, NodeState
+from gosched.common.node import AGENT_LABEL, AGENT_MAX_BACKOFF_S, NodeState
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import TaskState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
@@ -65,6 +65,7 @@ class AgentSession:
     killing: dict[str, float] = field(default_factory=dict)
     connected: bool = False
     limits: str = ""
+    grace_s: float = 0.0  # allowed on top of the node timeout (an agent expected back after a restart)
 
 
 @dataclass
@@ -255,19 +256,21 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         return True
 
     def _adopt_known_nodes(self, control: ControlPlane, now: float) -> None:
-        """After a restart: nodes of agents that have not reconnected yet get the timeout to do so."""
+        """After a restart: nodes of agents that have not reconnected yet get the node timeout to do
+        so, plus the longest an agent waits between two tries at registering (it backed off while
+        the master was down): a node is not lost for having been retried a moment too late."""
         self._adopted = True
         for snap in control.nodes():
             if dict(snap.node.labels).get(AGENT_LABEL) and snap.node.state != NodeState.NOT_READY:
                 with self._lock:
                     if snap.node.name not in self.sessions:
                         self.sessions[snap.node.name] = AgentSession(
-                            snap.node.name, "", now, sent=set(snap.task_ids)
+                            snap.node.name, "", now, sent=set(snap.task_ids), grace_s=AGENT_MAX_BACKOFF_S
                         )
 
     def _check_liveness(self, control: ControlPlane, now: float) -> bool:
         with self._lock:
-            dead = [s for s in self.sessions.values() if now - s.last_seen > self.node_timeout_s]
+            dead = [s for s in self.sessions.values() if now - s.last_seen > self.node_timeout_s + s.grace_s]
             for s in dead:
                 del self.sessions[s.node]
         for s in dead:

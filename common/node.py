@@ -14,6 +14,9 @@ class TaintEffect(enum.StrEnum):
 
 # Set on the nodes that a real node agent registered (the others are simulated or static).
 AGENT_LABEL = "gosched.io/agent"
+# An agent that cannot reach the master retries registering at most this far apart (agent/link.py).
+# After a master restart its nodes' agents get this long on top of the node timeout to come back.
+AGENT_MAX_BACKOFF_S = 5.0
 
 
 class NodeState(enum.StrEnum):

@@ -150,3 +150,48 @@ def test_a_rerun_replaces_the_last_runs_output(master: ServerHandle) -> None:
             assert b"".join(client.logs(job, 0)) == b"second\n"
     finally:
         agent.close()
+
+
+def test_after_a_master_restart_an_agent_gets_its_backoff_on_top_of_the_timeout(tmp_path: Path) -> None:
+    """The agent of a node known from the store retries registering with backoff while the master
+    is down (up to AGENT_MAX_BACKOFF_S apart): the restarted master must not declare the node lost,
+    and requeue its tasks, before that agent could possibly have come back."""
+    from gosched.common.node import AGENT_MAX_BACKOFF_S
+
+    settings = Settings(
+        store_path=str(tmp_path / "g.db"), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S
+    )
+
+    def start() -> ServerHandle:
+        return serve(
+            settings,
+            (),
+            grpc_port=0,
+            http_port=None,
+            host="127.0.0.1",
+            runtime="local",
+            heartbeat_interval_s=0.2,
+            node_timeout_s=TIMEOUT_S,
+            wait_ready=True,
+        )
+
+    first = start()
+    agent = ScriptedAgent(first.target, "s1")
+    with Client(first.target, timeout=10) as client:
+        job = client.submit({"id": "stays", "cpu": "1", "command": "sleep 60"})
+        agent.report(agent.launches.get(timeout=10).task_id, pb.TASK_STATE_RUNNING)
+        wait_for("running", lambda: client.get(job).state is JobState.RUNNING)
+    agent.close()
+    first.stop()
+    second = start()  # the agent is "still backing off": it does not come back
+    try:
+        with Client(second.target, timeout=10) as client:
+            restarted = time.monotonic()
+            time.sleep(TIMEOUT_S + AGENT_MAX_BACKOFF_S / 2)  # the timeout alone has passed
+            assert client.node("s1").state is NodeState.READY
+            assert client.get(job).state is JobState.RUNNING
+            wait_for("the node lost", lambda: client.node("s1").state is NodeState.NOT_READY)
+            assert time.monotonic() - restarted >= TIMEOUT_S + AGENT_MAX_BACKOFF_S - 0.5
+            wait_for("the task requeued", lambda: client.get(job).state is JobState.PENDING)
+    finally:
+        second.stop()
