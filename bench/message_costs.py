@@ -59,7 +59,7 @@ def sample_messages(tasks: int) -> dict[str, object]:
     }
 
 
-def measure(tasks: int = 512, repeat: int = 20) -> list[MessageCost]:
+def measure(tasks: int = 512, repeat: int = 50) -> list[MessageCost]:
     """Per-task cost of each message, the best of `repeat` rounds (the least disturbed)."""
     out = []
     for name, message in sample_messages(tasks).items():
