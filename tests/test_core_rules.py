@@ -364,6 +364,20 @@ def test_the_one_row_refresh_scores_exactly_as_a_fresh_computation(
     assert scalar_refreshes > 50  # the scalar path was under test (most classes, most steps)
 
 
+def test_the_one_row_refresh_of_a_three_resource_balance_matches_to_the_bit() -> None:
+    """cpu, memory and GPU fractions: balanced_allocation's variance. A Python float's ** 2 (pow)
+    differs from the product in the last bit for these values; the scalar path must not use it."""
+    profile = build_profile(ProfileConfig())
+    group = make_job("w").cpu("1").mem("2Gi").gpus(1).build().groups[0]
+    state = ClusterArrays()
+    state.upsert_node(make_node("n0").cpu("96").mem("384Gi").gpus(8).build())
+    cache = ClassCache(profile)
+    cache.entry(group, state)
+    state.place(0, Resident("busy/0", "busy", 92374, 75564760450, ((0, 1000), (1, 1000), (2, 990))))
+    kept = cache.entry(group, state).eff[0]  # the one-row refresh
+    assert kept == ClassCache(profile).entry(group, state).eff[0]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_class_cache_kept_row_by_row_equals_a_fresh_computation(data: st.DataObject) -> None:

@@ -999,3 +999,22 @@ def test_a_change_naming_an_assumed_task_takes_the_careful_path() -> None:
     assert shard_module._touches_assumptions(live, [NodeRemoved("n2")])  # any node change
     assert not shard_module._touches_assumptions(live, [TaskReleased("o/0", "succeeded")])
     assert not shard_module._touches_assumptions(live, [])
+
+
+def test_an_answer_for_an_earlier_attempt_does_not_settle_the_one_held_now() -> None:
+    """The job came back (attempt 1, another task) before the answer to attempt 0 was applied:
+    that answer must not keep attempt 1's placement as bound, whatever their count."""
+    from gosched.binder.state import arrays_view
+    from gosched.common.messages import AcceptedUnit, BindReply, RejectedUnit, TaskBound, Unit, UnitBatch
+
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("8").build()]
+    job = make_job("j").cpu("4").replicas(2).min_member(1).build()
+    shard = shard_with(nodes)
+    (first,) = shard.schedule(UnitBatch(0, [Unit(job, (0,), 1)])).proposals
+    shard.schedule(UnitBatch(0, [Unit(job, (1,), 1, attempt=1)]))  # replaces attempt 0's context
+    bound = first.placements[0]
+    change = TaskBound(bound.node, Resident.for_task(job, bound.task_index, bound.gpus, 5.0))
+    shard.apply_reply(BindReply([AcceptedUnit("j", [bound], 5.0)], [], [], [change], 3))
+    shard.apply_reply(BindReply([], [RejectedUnit("j", (1,), "no room", "resources_fit")], [], [], 3))
+    expected = shard_with(nodes, [(job, bound.task_index, bound.node, ())], start_times={"j": 5.0})
+    assert arrays_view(shard.state) == arrays_view(expected.state)

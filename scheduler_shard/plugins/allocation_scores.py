@@ -122,5 +122,7 @@ def _balanced(fr: list[Any]) -> Any:
     if len(fr) == 2:  # the usual cpu+memory case: the deviation of two values is half their gap
         return 100.0 - 50.0 * abs(fr[0] - fr[1])
     mean = _mean(fr)
-    var = sum((f - mean) ** 2 for f in fr) / len(fr)
+    # d * d, not d ** 2: on a Python float ** goes through pow(), which can differ from the product
+    # in the last bit, and the one-row scalar path must match the vector path exactly.
+    var = sum((f - mean) * (f - mean) for f in fr) / len(fr)
     return 100.0 - 100.0 * np.sqrt(var)
