@@ -72,12 +72,10 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 15.0) -> N
         time.sleep(0.05)
 
 
-@pytest.fixture
-def master(tmp_path: Path) -> Iterator[ServerHandle]:
-    settings = Settings(
-        store_path=str(tmp_path / "g.db"), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S
-    )
-    handle = serve(
+def start_master(store: Path) -> ServerHandle:
+    """A master on loopback, in process, with a short node timeout, on the store at `store`."""
+    settings = Settings(store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S)
+    return serve(
         settings,
         (),
         grpc_port=0,
@@ -88,6 +86,11 @@ def master(tmp_path: Path) -> Iterator[ServerHandle]:
         node_timeout_s=TIMEOUT_S,
         wait_ready=True,
     )
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[ServerHandle]:
+    handle = start_master(tmp_path / "g.db")
     yield handle
     handle.stop()
 
@@ -158,24 +161,7 @@ def test_after_a_master_restart_an_agent_gets_its_backoff_on_top_of_the_timeout(
     and requeue its tasks, before that agent could possibly have come back."""
     from gosched.common.node import AGENT_MAX_BACKOFF_S
 
-    settings = Settings(
-        store_path=str(tmp_path / "g.db"), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S
-    )
-
-    def start() -> ServerHandle:
-        return serve(
-            settings,
-            (),
-            grpc_port=0,
-            http_port=None,
-            host="127.0.0.1",
-            runtime="local",
-            heartbeat_interval_s=0.2,
-            node_timeout_s=TIMEOUT_S,
-            wait_ready=True,
-        )
-
-    first = start()
+    first = start_master(tmp_path / "g.db")
     agent = ScriptedAgent(first.target, "s1")
     with Client(first.target, timeout=10) as client:
         job = client.submit({"id": "stays", "cpu": "1", "command": "sleep 60"})
@@ -183,7 +169,7 @@ def test_after_a_master_restart_an_agent_gets_its_backoff_on_top_of_the_timeout(
         wait_for("running", lambda: client.get(job).state is JobState.RUNNING)
     agent.close()
     first.stop()
-    second = start()  # the agent is "still backing off": it does not come back
+    second = start_master(tmp_path / "g.db")  # the agent is "still backing off": it does not come back
     try:
         with Client(second.target, timeout=10) as client:
             restarted = time.monotonic()

@@ -4,10 +4,27 @@ import copy
 from dataclasses import dataclass
 
 from gosched.common import wire
+from gosched.common.cluster_state import Resident
 from gosched.common.job import Toleration
-from gosched.common.messages import Proposal, ProposalBatch, Unit, UnitBatch
+from gosched.common.messages import (
+    AcceptedUnit,
+    BindReply,
+    Diagnosis,
+    Eviction,
+    NodeRemoved,
+    NodeUpserted,
+    Placement,
+    Proposal,
+    ProposalBatch,
+    RejectedUnit,
+    TaskBound,
+    TaskReleased,
+    Unit,
+    UnitBatch,
+    Unschedulable,
+)
 from gosched.common.resources import ResourceRequest
-from tests.builders import make_job
+from tests.builders import make_job, make_node
 
 
 def test_batches_round_trip_equal_and_hash_equal() -> None:
@@ -47,22 +64,6 @@ def test_a_subclass_with_more_fields_keeps_them() -> None:
 
 
 def test_every_message_type_round_trips_equal() -> None:
-    from gosched.common.cluster_state import Resident
-    from gosched.common.messages import (
-        AcceptedUnit,
-        BindReply,
-        Diagnosis,
-        Eviction,
-        NodeRemoved,
-        NodeUpserted,
-        Placement,
-        RejectedUnit,
-        TaskBound,
-        TaskReleased,
-        Unschedulable,
-    )
-    from tests.builders import make_node
-
     job = make_job("g").cpu("1").gpus(1).replicas(2).min_member(2).labels(team="x").build()
     placement = Placement(1, "n1", ((0, 1000),), ("v/0",))
     resident = Resident.for_task(job, 1, ((0, 1000),), 12.5)
