@@ -36,6 +36,9 @@ class RunResult:
     p95_ms: float | None = None
     p99_ms: float | None = None
     component_s: dict[str, float] = field(default_factory=dict)  # busy seconds per component
+    # CPU seconds per component's processes during the run (Ray: each actor is a process; with a
+    # rate, the dispatcher's includes taking the submissions)
+    component_cpu_s: dict[str, float] = field(default_factory=dict)
     peak_rss_mib: float = 0.0  # the whole control plane: this process, plus every actor on Ray
     process_rss_mib: dict[str, float] = field(default_factory=dict)  # peak per process (Ray)
     offered_rate: float | None = None  # tasks/s arriving during the run (open loop), else queued first
@@ -155,6 +158,7 @@ def run_ray(
             start = time.perf_counter()
             if rate is None:
                 rs.submit_many(w.measured)
+                procs_before = rs.process_stats()  # queued first: their submission is not the run's
                 start = time.perf_counter()
                 rs.run_until_idle(timeout=1800)
             else:
@@ -179,9 +183,11 @@ def run_ray(
     rejected = stats.get("rejected_units", 0) - before.get("rejected_units", 0)
     p50, p95, p99 = _percentiles(waited if rate else dispatched)
     component = {"dispatcher": 0.0, "shards": 0.0, "binder": 0.0}
+    cpu = dict.fromkeys(component, 0.0)
     for name, p in procs.items():
-        busy = p["busy_s"] - procs_before[name]["busy_s"]
-        component["shards" if name.startswith("shard") else name] += busy
+        key = "shards" if name.startswith("shard") else name
+        component[key] += p["busy_s"] - procs_before[name]["busy_s"]
+        cpu[key] += p["cpu_s"] - procs_before[name]["cpu_s"]
     rss = {name: p["peak_rss_mib"] for name, p in procs.items()}
     rss["driver"] = _peak_rss_mib()
     return RunResult(
@@ -199,6 +205,7 @@ def run_ray(
         p95_ms=p95,
         p99_ms=p99,
         component_s=component,
+        component_cpu_s=cpu,
         peak_rss_mib=sum(rss.values()),
         process_rss_mib=rss,
         offered_rate=rate,

@@ -86,6 +86,9 @@ def test_ray_run_at_a_rate_and_memory_report() -> None:
     assert set(r.process_rss_mib) == {"dispatcher", "binder", "shard-0", "shard-1", "driver"}
     assert r.peak_rss_mib == pytest.approx(sum(r.process_rss_mib.values()))
     assert r.component_s["binder"] > 0 and r.component_s["shards"] > 0
+    # Each component's processes used CPU during the run (user + system seconds of the actors).
+    assert set(r.component_cpu_s) == {"dispatcher", "shards", "binder"}
+    assert all(v > 0 for v in r.component_cpu_s.values())
     m = measure_memory(40, 500, 2)
     assert m.pending_tasks == 500 and {"dispatcher", "binder", "shard-0", "shard-1"} <= set(m.rss_mib)
     assert m.control_plane_mib == pytest.approx(sum(m.rss_mib.values())) and m.control_plane_mib > 0
