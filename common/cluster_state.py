@@ -56,7 +56,7 @@ class Resident:
         """The resident record of task `index` of `job` holding `gpus`."""
         # Positional, in field order: four times quicker than keywords, and made once per task in
         # both the shard and the binder.
-        group = job.groups[0] if len(job.groups) == 1 else job.group_of(index)
+        group = job.group_of(index)
         req = group.resources
         return cls(
             f"{job.id}/{index}",  # task_id(job.id, index)

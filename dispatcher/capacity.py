@@ -19,12 +19,17 @@ NOT_ELIGIBLE = float("inf")
 
 
 class CapacityPlanner:
-    __slots__ = ("guarantees", "max_shares", "names")
+    __slots__ = ("capped", "guarantees", "max_shares", "names", "shares_matter")
 
     def __init__(self, queues: Sequence[QueueConfig]) -> None:
         self.names = [q.name for q in queues]
         self.guarantees = [q.guarantee for q in queues]
         self.max_shares = [q.max_share for q in queues]
+        # Queues whose every unit must be checked against max_share (fits() is always true for 1).
+        self.capped = [m < 1.0 for m in self.max_shares]
+        # Whether a queue's share can change the dispatcher's answers: a lone queue with neither a
+        # cap nor a guarantee keeps the same rank and never reclaims, whatever its share.
+        self.shares_matter = len(queues) > 1 or any(self.capped) or any(g > 0 for g in self.guarantees)
 
     def rank(self, i: int, share: float) -> float:
         """Order key of queue i at `share` (smaller first); NOT_ELIGIBLE when it may not take more.

@@ -215,11 +215,7 @@ class Dispatcher:
         shares = [usage.queue_share(n) for n in names]
         blocked = [False] * nq
         enforce_max = usage.has_capacity
-        # Queues whose share can change the answers below: one with a max_share under 1 (checked
-        # per unit), a guarantee, or rivals to be ranked against. A lone queue with neither keeps
-        # the same rank and never reclaims, so its share need not be recomputed per unit.
-        capped = [m < 1.0 for m in cap.max_shares]
-        share_matters = nq > 1 or any(capped) or any(g > 0 for g in cap.guarantees)
+        capped, shares_matter = cap.capped, cap.shares_matter
         store = self.store
         updates: Updates = []
         n = 0
@@ -264,7 +260,7 @@ class Dispatcher:
             batches[s].append(self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, now, updates))
             if len(batches[s]) < per_shard_cap:
                 heapq.heappush(heap, (load + 1, s))
-            if share_matters:
+            if shares_matter:
                 shares[best] = usage.queue_share(rec.queue)
             n += 1
         if store is not None and updates:
