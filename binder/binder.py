@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
-from gosched.binder.fastpath import find_clean
+from gosched.binder.fastpath import CleanUnit, find_clean
 from gosched.binder.stages import (
     DEFAULT_STAGES,
     BatchScope,
@@ -280,24 +280,15 @@ class Binder:
         self._usable()
         now = self.clock()
         proposals = batch.proposals
-        outcomes: list[_Outcome | None] = [None] * len(proposals)
         writes = _Writes()
-        if self.vectorised and proposals:
-            self._commit_clean(proposals, outcomes, writes, now)
-        scope = BatchScope()
-        for i, proposal in enumerate(proposals):
-            if outcomes[i] is None:
-                outcomes[i] = self._commit_unit(proposal, scope, writes, now)
-
         reply = BindReply([], [], [], [], self.version)
         changes: list[Change] = []
-        for out in outcomes:
-            assert out is not None
-            if out.accepted is not None:
-                reply.accepted.append(out.accepted)
-            reply.rejected.extend(out.rejected)
-            reply.evicted.extend(out.evicted)
-            changes.extend(out.changes)
+        clean = find_clean(self.truth, proposals) if self.vectorised and proposals else []
+        if len(clean) == len(proposals):
+            # Every proposal is clean (the usual batch): its answers go straight into the reply.
+            self._bind_clean(proposals, clean, now, writes, reply.accepted, changes)
+        else:
+            self._commit_mixed(proposals, clean, now, writes, reply, changes)
         if changes:
             bound, states = writes.split()
             jobs = {p.job.id: p.job for p in proposals}
@@ -310,28 +301,68 @@ class Binder:
             reply.version = self.version
         return reply
 
-    def _commit_clean(
-        self, proposals: Sequence[Proposal], outcomes: list[_Outcome | None], writes: _Writes, now: float
+    def _commit_mixed(
+        self,
+        proposals: Sequence[Proposal],
+        clean: Sequence[CleanUnit],
+        now: float,
+        writes: _Writes,
+        reply: BindReply,
+        changes: list[Change],
     ) -> None:
-        """Bind the batch's clean proposals at once (see fastpath.py)."""
-        clean = find_clean(self.truth, proposals)
-        if not clean:
-            return
+        """A batch with proposals the fast path cannot take: bind the clean ones first (they touch
+        nothing the others do), run the stages over the rest in batch order, answer in batch order."""
+        outcomes: list[_Outcome | None] = [None] * len(proposals)
+        if clean:
+            accepted: list[AcceptedUnit] = []
+            bound: list[Change] = []
+            ends = self._bind_clean(proposals, clean, now, writes, accepted, bound)
+            start = 0
+            for unit, acc, end in zip(clean, accepted, ends, strict=True):
+                outcomes[unit.index] = _Outcome(accepted=acc, changes=bound[start:end])
+                start = end
+        scope = BatchScope()
+        for i, proposal in enumerate(proposals):
+            if outcomes[i] is None:
+                outcomes[i] = self._commit_unit(proposal, scope, writes, now)
+        for out in outcomes:
+            assert out is not None
+            if out.accepted is not None:
+                reply.accepted.append(out.accepted)
+            reply.rejected.extend(out.rejected)
+            reply.evicted.extend(out.evicted)
+            changes.extend(out.changes)
+
+    def _bind_clean(
+        self,
+        proposals: Sequence[Proposal],
+        clean: Sequence[CleanUnit],
+        now: float,
+        writes: _Writes,
+        accepted: list[AcceptedUnit],
+        changes: list[Change],
+    ) -> list[int]:
+        """Bind the batch's clean proposals at once (see fastpath.py): one AcceptedUnit per unit
+        onto `accepted`, one TaskBound per placement onto `changes`; returns where each unit's
+        changes end in `changes`."""
         all_rows: list[int] = []
         residents: list[Resident] = []
         binds = writes.clean_binds
+        ends: list[int] = []
         for unit in clean:
             p = proposals[unit.index]
             job = p.job
-            changes: list[Change] = []
-            for pl in p.placements:  # unit.rows holds their rows, in the same order
+            placements = p.placements
+            for pl in placements:  # unit.rows holds their rows, in the same order
                 r = make_resident(job, pl.task_index, pl.gpus, now)
                 residents.append(r)
                 changes.append(TaskBound(pl.node, r))
                 binds.append((r.task_id, pl.node, pl.gpus))
             all_rows.extend(unit.rows)
-            outcomes[unit.index] = _Outcome(accepted=AcceptedUnit(job.id, p.placements, now), changes=changes)
+            accepted.append(AcceptedUnit(job.id, placements, now))
+            ends.append(len(changes))
         self.truth.place_many(all_rows, residents)
+        return ends
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
         """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gosched.binder.stages import gang_need, gpu_shape_error, request_error
+from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
 from gosched.common.cluster_state import MAX_GPUS
 from gosched.common.job import split_task_id
@@ -45,11 +45,10 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
     gpu_exists = a.gpu_exists
     task_row = a.task_row
 
-    tids = [[f"{p.job.id}/{pl.task_index}" for pl in p.placements] for p in proposals]  # task_id()
-    named = Counter(t for ts in tids for t in ts)
-    victims = {v for p in proposals for pl in p.placements for v in pl.victims}
-    victim_jobs = {split_task_id(v)[0] for v in victims}
+    job_tasks = state.job_tasks
     ok_nodes = a.schedulable.tolist()
+    tids: list[str] = []  # every placement's task id, in batch order
+    victims: set[str] = set()
 
     # Demand of every placement with a node (clean or not), and each proposal's verdict so far.
     d_rows: list[int] = []
@@ -67,6 +66,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
 
     for i, p in enumerate(proposals):
         job = p.job
+        jid = job.id
         groups = job.groups
         if len(groups) == 1:
             single: ResourceRequest | None = groups[0].resources
@@ -74,11 +74,20 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
         else:
             single = None
             total = job.total_replicas
-        clean = job.id not in victim_jobs and len(p.placements) >= gang_need(p, state)
+        placements = p.placements
+        need = p.min_needed  # gang_need(p, state), inlined: it runs once per proposal
+        if p.held:
+            need += max(0, p.held - len(job_tasks.get(jid, ())))
+        clean = len(placements) >= max(1, need)
         rows: list[int] = []
-        for pl, tid in zip(p.placements, tids[i], strict=True):
-            row = row_of.get(pl.node)
+        for pl in placements:
             idx = pl.task_index
+            tid = f"{jid}/{idx}"  # task_id()
+            tids.append(tid)
+            if pl.victims:
+                victims.update(pl.victims)
+                clean = False
+            row = row_of.get(pl.node)
             if not 0 <= idx < total:
                 clean = False
                 continue  # fails task_valid whatever happens: never consumes
@@ -110,14 +119,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
                     g_rows.append(row)
                     g_idx.append(g)
                     g_milli.append(milli)
-            if (
-                not clean
-                or pl.victims
-                or named[tid] != 1
-                or tid in victims
-                or tid in task_row
-                or not ok_nodes[row]
-            ):
+            if not clean or tid in task_row or not ok_nodes[row]:
                 clean = False
                 continue
             if (gpus or req.gpus or req.gpu_milli) and (
@@ -126,6 +128,23 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
                 clean = False
         if clean:
             maybe.append(CleanUnit(i, rows))
+
+    # Rare: a task proposed twice in the batch, or victims named. Neither such task nor a victim's
+    # job may take the fast path (an eviction or gang break of the batch could touch it).
+    if victims or len(set(tids)) != len(tids):
+        named = Counter(tids)
+        victim_jobs = {split_task_id(v)[0] for v in victims}
+
+        def untouched(u: CleanUnit) -> bool:
+            p = proposals[u.index]
+            jid = p.job.id
+            if jid in victim_jobs:
+                return False
+            return all(
+                named[t] == 1 and t not in victims for t in (f"{jid}/{pl.task_index}" for pl in p.placements)
+            )
+
+        maybe = [u for u in maybe if untouched(u)]
 
     if not maybe:
         return []
