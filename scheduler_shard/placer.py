@@ -27,6 +27,9 @@ class Placer:
         self.profile = profile
         self.cache = cache
         self.clock = clock
+        # The last read-only node mask seen and its rows: the own-partition mask recurs every unit.
+        self._mask: Mask | None = None
+        self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
 
     def schedule_unit(
         self, unit: Unit, state: ClusterArrays, own_rows: npt.NDArray[np.int64] | None
@@ -66,6 +69,9 @@ class Placer:
         unplaced: list[int] = []
         unit_filters = self.profile.unit_filters
         task_row = state.task_row
+        # Choosing among the allowed rows (ascending, so ties still go to the lowest row) costs
+        # one gather per task instead of masking the whole cluster's scores.
+        allowed_rows = None if allowed is None else self._rows_of(allowed)
         for idx in indexes:
             tid = task_id(job.id, idx)
             if tid in task_row:
@@ -83,10 +89,7 @@ class Placer:
                         excluded = uf.excluded(entry.tc, ctx, state)
                         if excluded is not None:
                             eff = np.where(excluded, NEG_INF, eff)
-            if allowed is not None:
-                eff = np.where(allowed, eff, NEG_INF)
-            # An empty view (no node known yet, e.g. before the first sync) fits nothing.
-            row = int(eff.argmax()) if eff.size else -1
+            row = best_row(eff, allowed_rows)
             victims: tuple[str, ...] = ()
             if row < 0 or eff[row] == NEG_INF:
                 if self._diagnosis is None:
@@ -113,6 +116,14 @@ class Placer:
                 state, row, Resident.for_task(job, idx, gpus, now), Placement(idx, node.name, gpus, victims)
             )
         return unplaced
+
+    def _rows_of(self, allowed: Mask) -> npt.NDArray[np.intp]:
+        if allowed is self._mask:
+            return self._mask_rows
+        rows = np.flatnonzero(allowed)
+        if not allowed.flags.writeable:  # a mask that can change must not be cached by identity
+            self._mask, self._mask_rows = allowed, rows
+        return rows
 
     def _leftover(self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int]) -> Unschedulable | None:
         return self._unschedulable(ctx, state, unplaced) if unplaced else None
@@ -142,6 +153,15 @@ def _largest_first(unit: Unit) -> tuple[int, ...]:
         return (-r.gpu_total_milli, -r.cpu_milli, -r.memory)
 
     return tuple(sorted(unit.task_indexes, key=size))
+
+
+def best_row(eff: npt.NDArray[np.float64], rows: npt.NDArray[np.intp] | None) -> int:
+    """The highest-scoring row among `rows` (ascending; None = all), ties to the lowest; -1 when
+    there is none. The caller checks the score: it may be NEG_INF (nothing fits)."""
+    if rows is not None:
+        return int(rows[eff[rows].argmax()]) if rows.size else -1
+    # An empty view (no node known yet, e.g. before the first sync) fits nothing.
+    return int(eff.argmax()) if eff.size else -1
 
 
 def _both(a: Mask | None, b: Mask | None) -> Mask | None:

@@ -15,11 +15,11 @@ from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.config import PluginWeight, ProfileConfig
 from gosched.common.errors import IllegalTransition
 from gosched.common.job import Job, TaskGroup, Toleration
-from gosched.common.messages import NodeUpserted, TaskBound
+from gosched.common.messages import NodeUpserted, TaskBound, Unit
 from gosched.common.node import Gpu, Node, NodeState, Taint, TaintEffect
 from gosched.common.resources import ResourceRequest
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, TaskState, check_transition
-from gosched.scheduler_shard.class_cache import ClassCache
+from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache
 from gosched.scheduler_shard.framework import registry
 from gosched.scheduler_shard.framework.interfaces import (
     CandidateSortingPlugin,
@@ -35,7 +35,9 @@ from gosched.scheduler_shard.framework.interfaces import (
 from gosched.scheduler_shard.framework.profile import build_profile
 from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 from gosched.scheduler_shard.gpu_assign import choose_gpus
+from gosched.scheduler_shard.placer import best_row
 from gosched.scheduler_shard.plugins.allocation_scores import fractions_after
+from gosched.scheduler_shard.plugins.locating import PartitionFirst
 from gosched.scheduler_shard.shard import SchedulerShard
 from tests.builders import make_job, make_node
 from tests.shard_helpers import profile_with_scores, run_units, shard_with
@@ -230,6 +232,49 @@ def test_partition_rows_are_not_carried_over_to_a_resynced_view() -> None:
     # the same three nodes in another row order
     shard.sync([NodeUpserted(nodes[2]), NodeUpserted(nodes[0]), NodeUpserted(nodes[1])], 9, resync=True)
     assert run_units(shard, [make_job("j2").cpu("1").build()]).proposals[0].placements[0].node == "c"
+
+
+def test_partition_mask_is_reused_read_only_and_rebuilt_when_the_view_grows() -> None:
+    state = ClusterArrays()
+    for name in ("a", "b", "c"):
+        state.upsert_node(make_node(name).build())
+    plugin = PartitionFirst()
+    unit = Unit(make_job("j").build(), (0,), 1)
+    rows = np.array([0, 2], np.int64)
+    first = plugin.locate(unit, rows, state)[0]
+    assert first is not None and first.tolist() == [True, False, True]
+    assert plugin.locate(unit, rows, state)[0] is first  # one mask for every unit
+    with pytest.raises(ValueError):
+        first[1] = True  # shared, so read-only
+    state.upsert_node(make_node("d").build())
+    grown = plugin.locate(unit, rows, state)[0]
+    assert grown is not None and grown.tolist() == [True, False, True, False]
+    moved = plugin.locate(unit, np.array([1, 3], np.int64), state)[0]
+    assert moved is not None and moved.tolist() == [False, True, False, True]
+
+
+# Scores with many ties and unplaceable (-inf) rows, and masks of any shape including empty.
+_scores = st.lists(st.sampled_from([NEG_INF, 0.0, 1.0, 2.5]), min_size=0, max_size=30)
+
+
+@given(
+    _scores.flatmap(
+        lambda s: st.tuples(st.just(s), st.lists(st.booleans(), min_size=len(s), max_size=len(s)))
+    )
+)
+def test_best_row_among_allowed_rows_matches_masking_every_row(case: tuple[list[float], list[bool]]) -> None:
+    eff = np.array(case[0], np.float64)
+    mask = np.array(case[1], np.bool_)
+    row = best_row(eff, np.flatnonzero(mask))
+    dense = np.where(mask, eff, NEG_INF)
+    expected = int(dense.argmax()) if dense.size else -1
+    fits = expected >= 0 and dense[expected] != NEG_INF
+    # Same node whenever one fits; otherwise both report that none does.
+    assert (row >= 0 and eff[row] != NEG_INF) == fits
+    if fits:
+        assert row == expected
+    else:
+        assert row == -1 or (mask[row] and eff[row] == NEG_INF)
 
 
 def test_memoised_fractions_belong_to_one_view() -> None:

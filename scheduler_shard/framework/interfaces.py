@@ -89,7 +89,9 @@ class LocatingPlugin:
     def locate(
         self, unit: Unit, own_rows: npt.NDArray[np.int64] | None, state: ClusterArrays
     ) -> list[Mask | None]:
-        """Node sets (row masks; None = every node) to try in order."""
+        """Node sets (row masks; None = every node) to try in order. A mask may be returned again
+        for later units (the placer caches its row list when the mask is read-only), so a caller
+        must never change one."""
         raise NotImplementedError
 
 
