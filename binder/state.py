@@ -1,7 +1,6 @@
 """The binder's authoritative state: ClusterArrays plus an index of each job's resident tasks."""
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -9,7 +8,6 @@ from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.job import Job
 from gosched.common.messages import Change, NodeUpserted, TaskBound
 from gosched.common.node import Node
-from gosched.common.resources import GPU_MILLI
 
 
 def make_resident(job: Job, idx: int, gpus: tuple[tuple[int, int], ...], start_time: float) -> Resident:
@@ -92,59 +90,14 @@ class BinderState:
 
     def place_many(self, rows: Sequence[int], residents: Sequence[Resident]) -> None:
         """Place many residents at once (usage added with numpy); callers have checked they fit."""
-        a = self.arrays
-        n = len(rows)
-        if n == 0:
-            return
-        row_arr = np.fromiter(rows, np.int64, n)
-        np.add.at(a.cpu_used, row_arr, np.fromiter((r.cpu_milli for r in residents), np.int64, n))
-        np.add.at(a.mem_used, row_arr, np.fromiter((r.memory for r in residents), np.int64, n))
-        ext_rows: list[int] = []
-        ext_cols: list[int] = []
-        ext_amounts: list[int] = []
-        gpu_rows: list[int] = []
-        gpu_idx: list[int] = []
-        gpu_milli: list[int] = []
-        residents_of = a.residents
-        task_row = a.task_row
+        self.arrays.place_many(rows, residents)
         job_tasks = self.job_tasks
-        for row, r in zip(rows, residents, strict=True):
-            for name, amount in r.extended:
-                col = a.ext_col(name)
-                if col is None:  # a name no node has: let ClusterArrays add the column
-                    a.ext_used[row, a._ext_col(name)] += amount
-                    continue
-                ext_rows.append(row)
-                ext_cols.append(col)
-                ext_amounts.append(amount)
-            for g, milli in r.gpus:
-                gpu_rows.append(row)
-                gpu_idx.append(g)
-                gpu_milli.append(milli)
-            residents_of[row][r.task_id] = r
-            task_row[r.task_id] = row
+        for r in residents:
             tasks = job_tasks.get(r.job_id)
             if tasks is None:
                 job_tasks[r.job_id] = {r.task_id}
             else:
                 tasks.add(r.task_id)
-        if ext_rows:
-            np.add.at(a.ext_used, (np.array(ext_rows), np.array(ext_cols)), np.array(ext_amounts, np.int64))
-        if gpu_rows:
-            np.subtract.at(a.gpu_free, (np.array(gpu_rows), np.array(gpu_idx)), np.array(gpu_milli, np.int32))
-            self.refresh_gpu_summaries(np.unique(np.array(gpu_rows, np.int64)))
-        a.dirty_log.extend(rows)
-
-    def refresh_gpu_summaries(self, rows: np.ndarray[Any, np.dtype[np.int64]]) -> None:
-        """free_whole / max_share / gpu_used_total of `rows`, as ClusterArrays computes them per row."""
-        a = self.arrays
-        free = a.gpu_free[rows]
-        exists = a.gpu_exists[rows]
-        has = a.gpu_count[rows] > 0
-        a.free_whole[rows] = np.where(has, np.count_nonzero((free == GPU_MILLI) & exists, axis=1), 0)
-        a.max_share[rows] = np.where(has, np.where(exists, free, np.iinfo(np.int32).min).max(axis=1), 0)
-        used = a.gpu_count[rows].astype(np.int64) * GPU_MILLI - np.where(exists, free, 0).sum(axis=1)
-        a.gpu_used_total[rows] = np.where(has, used, 0)
 
     def compact(self) -> None:
         """Nobody reads the authoritative arrays' dirty log: keep it empty."""

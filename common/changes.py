@@ -1,6 +1,6 @@
 """Applying the binder's change log to a ClusterArrays (the shards' views; the binder's recovery)."""
 
-from gosched.common.cluster_state import ClusterArrays
+from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound, TaskReleased
 
 
@@ -25,5 +25,44 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
 
 
 def apply_changes(state: ClusterArrays, changes: list[Change]) -> None:
-    for change in changes:
-        apply_change(state, change)
+    """Apply changes in order; each run of bindings is placed at once (see _apply_bindings)."""
+    i, n = 0, len(changes)
+    while i < n:
+        if type(changes[i]) is not TaskBound:
+            apply_change(state, changes[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < n and type(changes[j]) is TaskBound:
+            j += 1
+        _apply_bindings(state, changes if (i, j) == (0, n) else changes[i:j])  # type: ignore[arg-type]
+        i = j
+
+
+def _apply_bindings(state: ClusterArrays, bindings: list[TaskBound]) -> None:
+    """apply_change for consecutive bindings, the new ones placed together with numpy.
+
+    Every shard applies every binding in the cluster, so this is its largest per-task cost at
+    8 shards; one place() each cost about 3.6 us. Same result as one by one.
+    """
+    row_of = state.row_of.get
+    held_at = state.task_row.get
+    residents = state.residents
+    rows: list[int] = []
+    fresh: list[Resident] = []
+    for change in bindings:
+        resident = change.resident
+        row = row_of(change.node)
+        held = held_at(resident.task_id)
+        if held is None:
+            if row is not None:
+                rows.append(row)
+                fresh.append(resident)
+        elif held == row and residents[row][resident.task_id].gpus == resident.gpus:
+            residents[row][resident.task_id] = resident  # as in apply_change
+    if len({r.task_id for r in fresh}) != len(fresh):
+        # One task bound twice in the run: one by one, the second finds the first and keeps it.
+        for change in bindings:
+            apply_change(state, change)
+        return
+    state.place_many(rows, fresh)

@@ -5,6 +5,7 @@ binder's change log (`apply`). Rows are stable: a removed node leaves a tombston
 """
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -309,6 +310,49 @@ class ClusterArrays:
         if r.preemptible and r.priority < self.min_victim_priority[row]:
             self.min_victim_priority[row] = r.priority
         self.dirty_log.append(row)
+
+    def place_many(self, rows: Sequence[int], residents: Sequence[Resident]) -> None:
+        """place() for many residents at once, usage added with numpy (callers have checked fit;
+        no task may appear twice). A shard applies every binding in the cluster this way."""
+        n = len(rows)
+        if n < 8:  # numpy's per-call cost outweighs the loop
+            for row, r in zip(rows, residents, strict=True):
+                self.place(row, r)
+            return
+        row_arr = np.fromiter(rows, np.int64, n)
+        np.add.at(self.cpu_used, row_arr, np.fromiter((r.cpu_milli for r in residents), np.int64, n))
+        np.add.at(self.mem_used, row_arr, np.fromiter((r.memory for r in residents), np.int64, n))
+        prio = np.fromiter((r.priority if r.preemptible else NO_VICTIM for r in residents), np.int64, n)
+        np.minimum.at(self.min_victim_priority, row_arr, prio)
+        ext: list[tuple[int, int, int]] = []
+        gpu: list[tuple[int, int, int]] = []
+        residents_of = self.residents
+        task_row = self.task_row
+        for row, r in zip(rows, residents, strict=True):
+            if r.extended:
+                ext.extend((row, self._ext_col(name), amount) for name, amount in r.extended)
+            if r.gpus:
+                gpu.extend((row, g, milli) for g, milli in r.gpus)
+            residents_of[row][r.task_id] = r
+            task_row[r.task_id] = row
+        if ext:
+            e_rows, e_cols, e_amounts = zip(*ext, strict=True)
+            np.add.at(self.ext_used, (np.array(e_rows), np.array(e_cols)), np.array(e_amounts, np.int64))
+        if gpu:
+            g_rows, g_idx, g_milli = zip(*gpu, strict=True)
+            np.subtract.at(self.gpu_free, (np.array(g_rows), np.array(g_idx)), np.array(g_milli, np.int32))
+            self.refresh_gpu_summaries(np.unique(np.array(g_rows, np.int64)))
+        self.dirty_log.extend(rows)
+
+    def refresh_gpu_summaries(self, rows: I64) -> None:
+        """free_whole / max_share / gpu_used_total of `rows` at once, as _refresh_gpu_summary."""
+        free = self.gpu_free[rows]
+        exists = self.gpu_exists[rows]
+        has = self.gpu_count[rows] > 0
+        self.free_whole[rows] = np.where(has, np.count_nonzero((free == GPU_MILLI) & exists, axis=1), 0)
+        self.max_share[rows] = np.where(has, np.where(exists, free, np.iinfo(np.int32).min).max(axis=1), 0)
+        used = self.gpu_count[rows].astype(np.int64) * GPU_MILLI - np.where(exists, free, 0).sum(axis=1)
+        self.gpu_used_total[rows] = np.where(has, used, 0)
 
     def release(self, task_id: str) -> tuple[int, Resident] | None:
         """Remove a resident's usage; returns (row, resident), None if it holds nothing here."""
