@@ -177,7 +177,8 @@ class ClusterArrays:
         self.mem_cap[row] = node.memory
         self.ext_cap[row, :] = 0
         for name, amount in node.extended:
-            self.ext_cap[row, self._ext_col(name)] = amount
+            col = self._ext_col(name)  # first: it may widen (replace) the arrays
+            self.ext_cap[row, col] = amount
         self.gpu_exists[row, :] = False
         self.gpu_numa[row, :] = -1
         self.gpu_nvlink[row, :] = 0
@@ -300,7 +301,8 @@ class ClusterArrays:
         self.cpu_used[row] += r.cpu_milli
         self.mem_used[row] += r.memory
         for name, amount in r.extended:
-            self.ext_used[row, self._ext_col(name)] += amount
+            col = self._ext_col(name)  # first: it may widen (replace) the arrays
+            self.ext_used[row, col] += amount
         if r.gpus:
             for g, milli in r.gpus:
                 self.gpu_free[row, g] -= milli
@@ -363,7 +365,8 @@ class ClusterArrays:
         self.cpu_used[row] -= r.cpu_milli
         self.mem_used[row] -= r.memory
         for name, amount in r.extended:
-            self.ext_used[row, self._ext_col(name)] -= amount
+            col = self._ext_col(name)
+            self.ext_used[row, col] -= amount
         if r.gpus:
             for g, milli in r.gpus:
                 self.gpu_free[row, g] += milli

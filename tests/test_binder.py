@@ -17,7 +17,7 @@ from gosched.binder.binder import Binder
 from gosched.binder.stages import STAGE_NAMES, gpu_shape_error
 from gosched.binder.state import arrays_view, make_resident
 from gosched.common.changes import apply_changes
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
+from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.job import Job, TaskGroup
 from gosched.common.messages import (
     BindReply,
@@ -463,6 +463,23 @@ def test_release_frees_resources(tmp_path: Path) -> None:
     # the freed GPU can be bound again
     again = make_job("k").cpu("4").gpus(1).build()
     assert outcome(commit(b, prop(again, at(0, "n1", ((1, 1000),)))))[0] == {"k": [0]}
+
+
+def test_each_new_extended_resource_name_gets_its_own_column(tmp_path: Path) -> None:
+    # A second name widens the arrays; writing through the old array once raised IndexError.
+    b = open_binder(tmp_path / "gs.db")
+    b.add_nodes([make_node("a").cpu("4").extended("fpga", 2).build()])
+    b.add_nodes([make_node("b").cpu("4").extended("tpu", 3).build()])
+    tpu = make_job("t").cpu("1").extended("tpu", 2).build()
+    fpga = make_job("f").cpu("1").extended("fpga", 2).build()
+    assert outcome(commit(b, prop(tpu, at(0, "b")), prop(fpga, at(0, "a"))))[0] == {"f": [0], "t": [0]}
+    assert_consistent(b.state)
+    # a third name first seen on a resident (no node has it) still gets a column of its own
+    b.state.place(b.state.row_of["a"], Resident("x/0", "x", 0, 0, extended=(("gaudi", 1),)))
+    assert b.state.extended_names == ["fpga", "tpu", "gaudi"]
+    assert b.state.release("x/0") is not None
+    assert b.release(["t/0", "f/0"], "succeeded") == ["t/0", "f/0"]
+    assert int(b.state.ext_used.sum()) == 0
 
 
 # -- change log ---

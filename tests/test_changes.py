@@ -15,7 +15,9 @@ NODES = [
     make_node("cpu").cpu("64").build(),
     make_node("gpu").cpu("64").gpus(4, model="A100").build(),
     make_node("ext").cpu("64").extended("fpga", 4).build(),
+    make_node("ext2").cpu("64").extended("tpu", 4).build(),  # a second name: a second column
 ]
+EXTENDED = {"ext": "fpga", "ext2": "tpu"}
 NAMES = [n.name for n in NODES]
 
 
@@ -26,7 +28,9 @@ def bindings(draw: st.DrawFn) -> TaskBound:
     if node == "gpu" and draw(st.booleans()):
         picked = draw(st.lists(st.integers(0, 3), min_size=1, max_size=2, unique=True))
         gpus = tuple((g, draw(st.sampled_from([250, 500, 1000]))) for g in sorted(picked))
-    extended = (("fpga", draw(st.integers(1, 2))),) if node == "ext" and draw(st.booleans()) else ()
+    extended = (
+        ((EXTENDED[node], draw(st.integers(1, 2))),) if node in EXTENDED and draw(st.booleans()) else ()
+    )
     # Mostly a task of its own (numbered later; the numpy path), sometimes one of a few that are
     # bound twice, released and bound again (the one-by-one path).
     task = draw(st.sampled_from([-1] * 12 + list(range(6))))
