@@ -6,6 +6,7 @@ rolled back so it leaves no trace in the view.
 """
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 import numpy.typing as npt
@@ -27,15 +28,23 @@ class Placer:
         self.profile = profile
         self.cache = cache
         self.clock = clock
+        self._assumed: Callable[[], AbstractSet[str]] = frozenset
         # The last read-only node mask seen and its rows: the own-partition mask recurs every unit.
         self._mask: Mask | None = None
         self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
 
     def schedule_unit(
-        self, unit: Unit, state: ClusterArrays, own_rows: npt.NDArray[np.int64] | None
+        self,
+        unit: Unit,
+        state: ClusterArrays,
+        own_rows: npt.NDArray[np.int64] | None,
+        assumed: Callable[[], AbstractSet[str]] = frozenset,
     ) -> tuple[UnitContext | None, Unschedulable | None]:
-        """A context holding the assumed placements (or None), and what could not be placed."""
+        """A context holding the assumed placements (or None), and what could not be placed.
+        `assumed` gives the task ids other units placed and the binder has not answered for
+        (asked only when preempting: they may not be victims)."""
         ctx = UnitContext(unit)
+        self._assumed = assumed
         self._diagnosis: Diagnosis | None = None
         locations: list[Mask | None] = [None]
         if self.profile.locating:
@@ -99,7 +108,7 @@ class Placer:
                 if not preempt:
                     unplaced.append(idx)
                     continue
-                candidate = find_candidate(self.profile, entry, state, ctx, allowed)
+                candidate = find_candidate(self.profile, entry, state, ctx, allowed, self._assumed())
                 if candidate is None:
                     unplaced.append(idx)
                     continue

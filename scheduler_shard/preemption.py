@@ -6,6 +6,8 @@ the profile's CandidateSorting plugins. A victim evicted by an earlier proposal 
 already gone from the view, so it is never claimed twice; across shards the binder checks.
 """
 
+from collections.abc import Set as AbstractSet
+
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
@@ -125,8 +127,17 @@ def could_fit(tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resi
 
 
 def find_candidate(
-    profile: Profile, entry: ClassEntry, state: ClusterArrays, ctx: UnitContext, allowed: Mask | None
+    profile: Profile,
+    entry: ClassEntry,
+    state: ClusterArrays,
+    ctx: UnitContext,
+    allowed: Mask | None,
+    assumed: AbstractSet[str] = frozenset(),
 ) -> Candidate | None:
+    """The best node and its victims for the task, or None. Tasks in `assumed` (placements of
+    this shard's units still awaiting the binder) are never victims: they are not bound, so the
+    binder would refuse the proposal, and undoing the two attempts would then restore a task that
+    was never placed."""
     tc, unit = entry.tc, ctx.unit
     req = tc.request
     n = state.n
@@ -162,6 +173,7 @@ def find_candidate(
             r
             for r in residents.values()
             if r.job_id != unit.job.id
+            and r.task_id not in assumed
             and any(p.eligible(unit, r) for p in profile.victim_searching)
             and (_budget_left(ctx, r) is None or (_budget_left(ctx, r) or 0) > 0)
         ]

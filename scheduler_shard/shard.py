@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gosched.common.changes import apply_changes
-from gosched.common.cluster_state import ClusterArrays
+from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.config import ProfileConfig
 from gosched.common.messages import (
     BindReply,
@@ -27,7 +27,7 @@ from gosched.scheduler_shard.class_cache import ClassCache
 from gosched.scheduler_shard.framework.profile import build_profile
 from gosched.scheduler_shard.placer import Placer
 from gosched.scheduler_shard.plugins.gpu_fragmentation import GpuFragmentation
-from gosched.scheduler_shard.unit_context import UnitContext
+from gosched.scheduler_shard.unit_context import PLACE, UnitContext
 
 
 class SchedulerShard:
@@ -122,15 +122,18 @@ class SchedulerShard:
         own = self.own_rows()
         proposals: list[Proposal] = []
         unschedulable = []
+        assumed = _AssumedTasks(self.inflight)
         for unit in batch.units:
             stale = self.inflight.pop(unit.job.id, None)
             if stale is not None:  # the job was dispatched again (a restart): its old plan is void
                 stale.undo(self.state)
+                assumed.forget(stale)
             if self._learners and unit.attempt == 0:
                 self._observe(unit)
-            ctx, leftover = self.placer.schedule_unit(unit, self.state, own)
+            ctx, leftover = self.placer.schedule_unit(unit, self.state, own, assumed)
             if ctx is not None:
                 self.inflight[unit.job.id] = ctx
+                assumed.add(ctx)
                 proposals.append(
                     Proposal(
                         unit.job,
@@ -145,6 +148,32 @@ class SchedulerShard:
                 unschedulable.append(leftover)
         self._compact()
         return ProposalBatch(self.shard_id, self.version, proposals, unschedulable)
+
+
+class _AssumedTasks:
+    """The task ids placed by units in flight, built on first use within one schedule() call
+    (only preemption asks) and kept up to date as the call places and drops units."""
+
+    def __init__(self, inflight: dict[str, UnitContext]) -> None:
+        self._inflight = inflight
+        self._ids: set[str] | None = None
+
+    def __call__(self) -> set[str]:
+        if self._ids is None:
+            self._ids = {r.task_id for ctx in self._inflight.values() for r in _placed(ctx)}
+        return self._ids
+
+    def add(self, ctx: UnitContext) -> None:
+        if self._ids is not None:
+            self._ids.update(r.task_id for r in _placed(ctx))
+
+    def forget(self, ctx: UnitContext) -> None:
+        if self._ids is not None:
+            self._ids.difference_update(r.task_id for r in _placed(ctx))
+
+
+def _placed(ctx: UnitContext) -> list[Resident]:
+    return [resident for action, _, resident in ctx.log if action == PLACE]
 
 
 def _touches_assumptions(live: list[UnitContext], changes: list[Change]) -> bool:

@@ -8,6 +8,7 @@ import pytest
 from gosched.common.cluster_state import Resident
 from gosched.common.config import ProfileConfig
 from gosched.common.job import Job, NodeSelectorTerm, Requirement, SelectorOp
+from gosched.common.messages import BindReply, RejectedUnit
 from gosched.common.node import Node, NodeState
 from tests.builders import make_job, make_node
 from tests.shard_helpers import profile_with_scores, run_units, shard_with
@@ -620,6 +621,30 @@ def test_victim_not_claimed_twice_within_a_shard() -> None:
     out = run_units(shard, [p1, p2])
     assert len(out.proposals) == 1 and out.proposals[0].placements[0].victims == ("v/0",)
     assert out.unschedulable[0].job_id == "p2"
+
+
+def test_a_placement_awaiting_the_binder_is_never_a_victim() -> None:
+    # "low" is only assumed (in flight, not bound) when "high" looks for room: evicting it would be
+    # refused by the binder, and undoing both attempts once put "low" back as a phantom.
+    shard = shard_with([make_node("n").cpu("8").build()])
+    out = run_units(
+        shard, [make_job("low").cpu("8").priority(1).build(), make_job("high").cpu("8").priority(100).build()]
+    )
+    assert [p.job.id for p in out.proposals] == ["low"]
+    assert [u.job_id for u in out.unschedulable] == ["high"]
+    # both answers as the binder gives them: "low" refused, so nothing of either stays in the view
+    shard.apply_reply(
+        BindReply(
+            [], [RejectedUnit("low", (0,), "insufficient cpu on n", "resources_fit")], [], [], shard.version
+        )
+    )
+    assert shard.state.task_row == {} and shard.state.cpu_used[0] == 0
+    # a bound task of the same priority is a victim as before
+    bound = shard_with(
+        [make_node("n").cpu("8").build()], [(make_job("low").cpu("8").priority(1).build(), 0, "n", ())]
+    )
+    out = run_units(bound, [make_job("high").cpu("8").priority(100).build()])
+    assert out.proposals[0].placements[0].victims == ("low/0",)
 
 
 def test_partition_first() -> None:
