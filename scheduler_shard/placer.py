@@ -62,11 +62,15 @@ class Placer:
                     return ctx, self._leftover(ctx, state, unplaced)
                 ctx.rollback(state)
         if self.profile.preemption and self.profile.victim_searching:
-            for domain in domains:
-                unplaced = self._try(ctx, state, domain, preempt=True)
-                if len(ctx.placements) >= unit.min_needed:
-                    return ctx, self._leftover(ctx, state, unplaced)
-                ctx.rollback(state)
+            # Victims, too, are sought in the shard's own partition first: shards that all search
+            # the whole cluster pick the same least important victims, and the binder refuses all
+            # but one of them.
+            for location in locations:
+                for domain in domains:
+                    unplaced = self._try(ctx, state, _both(location, domain), preempt=True)
+                    if len(ctx.placements) >= unit.min_needed:
+                        return ctx, self._leftover(ctx, state, unplaced)
+                    ctx.rollback(state)
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
     def _try(self, ctx: UnitContext, state: ClusterArrays, allowed: Mask | None, preempt: bool) -> list[int]:

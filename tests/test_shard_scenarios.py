@@ -658,6 +658,23 @@ def test_partition_first() -> None:
     assert len(out.proposals) == 2
 
 
+def test_victims_are_sought_in_the_own_partition_first() -> None:
+    # Every node full of equal low-priority work: with one partition per shard, shards that all
+    # took the cluster-wide best victims would all pick n0's, and the binder would refuse all but one.
+    nodes = [make_node(f"n{i}").cpu("8").build() for i in range(4)]
+    running = [(make_job(f"low{i}").cpu("8").priority(1).build(), 0, f"n{i}", ()) for i in range(4)]
+    shard = shard_with(nodes, running)
+    shard.set_partition(["n2", "n3"])
+    out = run_units(shard, [make_job("high").cpu("8").priority(100).build()])
+    placement = out.proposals[0].placements[0]
+    assert placement.node in {"n2", "n3"} and placement.victims == (f"low{placement.node[1]}/0",)
+    # with its own partition out of victims, the shard goes to the rest of the cluster
+    out = run_units(shard, [make_job(f"high{i}").cpu("8").priority(100).build() for i in range(3)])
+    nodes_taken = [p.placements[0].node for p in out.proposals]
+    assert nodes_taken[0] in {"n2", "n3"} - {placement.node}
+    assert sorted(nodes_taken[1:]) == ["n0", "n1"]
+
+
 def test_pack_domain_places_a_gang_in_one_zone() -> None:
     nodes = [make_node(f"n{i}").cpu("4").label(zone="a" if i % 2 else "b").build() for i in range(6)]
     job = (
