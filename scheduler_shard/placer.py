@@ -55,19 +55,13 @@ class Placer:
             if found is not None:
                 domains = list(found)
                 break
-        for location in locations:
-            for domain in domains:
-                unplaced = self._try(ctx, state, _both(location, domain), preempt=False)
-                if len(ctx.placements) >= unit.min_needed:
-                    return ctx, self._leftover(ctx, state, unplaced)
-                ctx.rollback(state)
-        if self.profile.preemption and self.profile.victim_searching:
-            # Victims, too, are sought in the shard's own partition first: shards that all search
-            # the whole cluster pick the same least important victims, and the binder refuses all
-            # but one of them.
+        # Victims, too, are sought in the shard's own partition first: shards that all search the
+        # whole cluster pick the same least important victims, and the binder refuses all but one.
+        passes = (False, True) if self.profile.preemption and self.profile.victim_searching else (False,)
+        for preempt in passes:
             for location in locations:
                 for domain in domains:
-                    unplaced = self._try(ctx, state, _both(location, domain), preempt=True)
+                    unplaced = self._try(ctx, state, _both(location, domain), preempt)
                     if len(ctx.placements) >= unit.min_needed:
                         return ctx, self._leftover(ctx, state, unplaced)
                     ctx.rollback(state)
