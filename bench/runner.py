@@ -64,6 +64,9 @@ def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size:
         if w.initial:
             p.submit_many(w.initial)
             p.run_until_idle()
+            # "Already running": every shard knows of it before the clock starts, as in a cluster
+            # that has been up a while (and as scheduler_perf waits for its informers' caches).
+            p.sync_shards()
         before = p.stats.bound_tasks, p.stats.proposals, p.stats.rejected_units, p.stats.unschedulable_units
         lat_from = len(p.stats.latencies)
         comp_before = dict(p.stats.component_s)
@@ -153,6 +156,7 @@ def run_ray(
             if w.initial:
                 rs.submit_many(w.initial)
                 rs.run_until_idle(timeout=600)
+                rs.sync_shards()  # as in run_in_process
             rs.drain_latencies()
             before, procs_before = rs.stats(), rs.process_stats()
             start = time.perf_counter()

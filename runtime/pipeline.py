@@ -61,26 +61,26 @@ class Pipeline:
         self.dispatcher.restore()
         if nodes:
             self.add_nodes(nodes)
-        self._sync_all()
+        self.sync_shards()
         tune_gc()
 
     # -- cluster ---------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None:
         self.binder.add_nodes(nodes)
         self._nodes_changed(nodes, [])
-        self._sync_all()
+        self.sync_shards()
 
     def remove_node(self, name: str) -> None:
         """The node is gone: its tasks lost their place and are scheduled again."""
         lost = self.binder.remove_node(name)
         self.dispatcher.on_released(lost, TaskState.PENDING)
         self._nodes_changed([], [name])
-        self._sync_all()
+        self.sync_shards()
 
     def set_node_state(self, name: str, state: NodeState) -> None:
         self.binder.set_node_state(name, state)
         self.dispatcher.notify_cluster_changed()
-        self._sync_all()
+        self.sync_shards()
 
     def _nodes_changed(self, added: Sequence[Node], removed: Sequence[str]) -> None:
         parts = self.dispatcher.partitions
@@ -93,7 +93,8 @@ class Pipeline:
         totals = self.binder.state.totals()
         self.dispatcher.set_cluster_capacity(totals["cpu"], totals["memory"], totals["gpu"])
 
-    def _sync_all(self) -> None:
+    def sync_shards(self) -> None:
+        """Bring every shard's view up to the binder's version now (as replies would)."""
         for shard in self.shards:
             changes, version, resync = self.binder.changes_since(shard.version)
             shard.sync(changes, version, resync)
