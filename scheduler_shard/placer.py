@@ -28,7 +28,6 @@ class Placer:
         self.profile = profile
         self.cache = cache
         self.clock = clock
-        self._assumed: Callable[[], AbstractSet[str]] = frozenset
         # The last read-only node mask seen and its rows: the own-partition mask recurs every unit.
         self._mask: Mask | None = None
         self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
@@ -44,7 +43,6 @@ class Placer:
         `assumed` gives the task ids other units placed and the binder has not answered for
         (asked only when preempting: they may not be victims)."""
         ctx = UnitContext(unit)
-        self._assumed = assumed
         self._diagnosis: Diagnosis | None = None
         locations: list[Mask | None] = [None]
         if self.profile.locating:
@@ -61,13 +59,21 @@ class Placer:
         for preempt in passes:
             for location in locations:
                 for domain in domains:
-                    unplaced = self._try(ctx, state, _both(location, domain), preempt)
+                    unplaced = self._try(ctx, state, _both(location, domain), assumed if preempt else None)
                     if len(ctx.placements) >= unit.min_needed:
                         return ctx, self._leftover(ctx, state, unplaced)
                     ctx.rollback(state)
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
-    def _try(self, ctx: UnitContext, state: ClusterArrays, allowed: Mask | None, preempt: bool) -> list[int]:
+    def _try(
+        self,
+        ctx: UnitContext,
+        state: ClusterArrays,
+        allowed: Mask | None,
+        assumed: Callable[[], AbstractSet[str]] | None,
+    ) -> list[int]:
+        """One attempt at the unit's tasks on `allowed` rows; with `assumed` (the preemption pass)
+        a task that fits nowhere may evict, never one of those tasks."""
         unit = ctx.unit
         job = unit.job
         indexes = _largest_first(unit)
@@ -103,10 +109,10 @@ class Placer:
                     # Diagnose while the attempt's own placements are still in the view.
                     note = f"gang needs {need} of {len(indexes)} tasks" if need > 1 else ""
                     self._diagnosis = diagnose(self.profile, entry.tc, state, ctx, note)
-                if not preempt:
+                if assumed is None:
                     unplaced.append(idx)
                     continue
-                candidate = find_candidate(self.profile, entry, state, ctx, allowed, self._assumed())
+                candidate = find_candidate(self.profile, entry, state, ctx, allowed, assumed())
                 if candidate is None:
                     unplaced.append(idx)
                     continue
