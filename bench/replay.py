@@ -29,9 +29,11 @@ POLICIES: dict[str, list[PluginWeight]] = {
     "gpu_packing": [PluginWeight(name="gpu_packing")],
     "best_fit": [PluginWeight(name="best_fit")],
     # Ours: the fragmentation gradient over learned (GPU, CPU, memory) task types, CPU-only tasks
-    # included, with best fit then balanced allocation (tiny weights) to break its ties.
+    # included; a light pull toward GPUs and nodes already in use (gpu_packing: +0.23 points at
+    # 100% on seeds 0-9, every seed higher); best fit then balanced allocation break ties.
     "gosched_frag": [
         PluginWeight(name="gpu_fragmentation", weight=1.0),
+        PluginWeight(name="gpu_packing", weight=0.05),
         PluginWeight(name="best_fit", weight=0.001),
         PluginWeight(name="balanced_allocation", weight=0.0005),
     ],

@@ -25,6 +25,7 @@ MAX_CLASSES = 4096
 class ClassEntry:
     tc: TaskClass
     meta_gen: int = -1
+    model_gen: int = -1  # the cache's model generation the scores were computed under
     n: int = 0
     position: int = 0
     state_id: int = 0
@@ -42,6 +43,11 @@ class ClassCache:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.entries: dict[tuple[object, ...], ClassEntry] = {}
+        # Bumped when a score plugin's learned model changes: every cached score is then stale.
+        self.model_generation = 0
+
+    def models_changed(self) -> None:
+        self.model_generation += 1
 
     def entry(self, group: TaskGroup, state: ClusterArrays) -> ClassEntry:
         key = group.constraint_key()
@@ -54,7 +60,12 @@ class ClassCache:
         return entry
 
     def refresh(self, entry: ClassEntry, state: ClusterArrays) -> None:
-        if entry.meta_gen != state.meta_generation or entry.n != state.n or entry.state_id != id(state):
+        if (
+            entry.meta_gen != state.meta_generation
+            or entry.n != state.n
+            or entry.state_id != id(state)
+            or entry.model_gen != self.model_generation
+        ):
             self._full(entry, state)
             return
         rows, position = state.dirty_since(entry.position)
@@ -92,6 +103,7 @@ class ClassCache:
         entry.row_scores = [p.row_score(tc) for p, _ in dyn_scores]
         entry.eff = np.full(n, NEG_INF)
         entry.meta_gen, entry.n, entry.state_id = state.meta_generation, n, id(state)
+        entry.model_gen = self.model_generation
         entry.position = state.dirty_position
         self._update(entry, state, all_rows)
 

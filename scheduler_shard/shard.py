@@ -115,7 +115,10 @@ class SchedulerShard:
             if group.resources.wants_gpu:
                 for learner in self._learners:
                     res = group.resources
+                    before = learner.types.generation
                     learner.types.observe(res.gpu_total_milli, res.cpu_milli, res.memory, group.replicas)
+                    if learner.types.generation != before:
+                        self.cache.models_changed()
 
     # -- scheduling ------------------------------------------------------------------------------
     def schedule(self, batch: UnitBatch) -> ProposalBatch:

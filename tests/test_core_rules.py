@@ -37,6 +37,7 @@ from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 from gosched.scheduler_shard.gpu_assign import choose_gpus
 from gosched.scheduler_shard.placer import best_row
 from gosched.scheduler_shard.plugins.allocation_scores import fractions_after
+from gosched.scheduler_shard.plugins.gpu_fragmentation import REFRESH_GROWTH, GpuFragmentation, TaskTypes
 from gosched.scheduler_shard.plugins.locating import PartitionFirst
 from gosched.scheduler_shard.shard import SchedulerShard
 from tests.builders import make_job, make_node
@@ -421,6 +422,60 @@ def test_the_one_row_refresh_of_a_three_resource_balance_matches_to_the_bit() ->
     state.place(0, Resident("busy/0", "busy", 92374, 75564760450, ((0, 1000), (1, 1000), (2, 990))))
     kept = cache.entry(group, state).eff[0]  # the one-row refresh
     assert kept == ClassCache(profile).entry(group, state).eff[0]
+
+
+def test_the_learned_fragmentation_model_leaves_no_stale_score() -> None:
+    """gpu_fragmentation learns task types from the units a shard schedules. When its model
+    changes, every cached score computed under the old one must go: after each batch the kept
+    scores equal a fresh computation under the current model (the rows the batch did not touch
+    included)."""
+    import random
+
+    rng = random.Random(7)
+    nodes = [make_node(f"n{i}").cpu("64").mem("256Gi").gpus(rng.choice([2, 4, 8])).build() for i in range(10)]
+    shard = shard_with(nodes)
+    (learner,) = [p for p, _ in shard.profile.scores if isinstance(p, GpuFragmentation)]
+    shares = [
+        make_job(f"s{m}").cpu("2").mem("4Gi").gpu_share(m).build().groups[0] for m in (150, 300, 450, 700)
+    ]
+    whole = [make_job(f"w{k}").cpu("4").mem("8Gi").gpus(k).build().groups[0] for k in (1, 2)]
+    groups = shares + whole
+    for step in range(120):
+        group = rng.choice(groups)
+        run_units(shard, [Job(f"j{step}", (group,))])
+        for g in groups:
+            kept = shard.cache.entry(g, shard.state).eff
+            fresh = ClassCache(shard.profile).entry(g, shard.state).eff
+            assert same_results(kept, fresh), (step, g.resources)
+    assert learner.types.generation >= 5  # the model did change under the cache, several times
+
+
+def test_task_types_change_the_scored_model_only_in_steps() -> None:
+    types = TaskTypes()
+    total = sum(types.count.values())
+    types.observe(300, 2000, n=int(total * REFRESH_GROWTH) + 1)
+    assert types.generation == 1
+    model = types.arrays()
+    types.observe(450, 2000)
+    assert types.arrays() is model and types.generation == 1  # one task more: not yet a step
+    demand, weight, _, _ = types.arrays()
+    assert 300 in demand.tolist() and weight.sum() == pytest.approx(1.0)
+    types.observe(0, 4000, n=1000)  # CPU-only tasks are no GPU type and make no step
+    assert types.generation == 1
+
+
+def test_a_steady_task_mix_stops_changing_the_scored_model() -> None:
+    """Once the learned weights settle, looking again retakes nothing: the scores stay cached."""
+    types = TaskTypes()
+    mix = [(300, 2000), (300, 2000), (1000, 8000), (450, 4000)]
+    generations = []
+    for i in range(40_000):
+        types.observe(*mix[i % len(mix)])
+        generations.append(types.generation)
+    assert generations[1_000] >= 1  # the prior was replaced by the mix seen
+    assert generations[-1] == generations[4_000]  # and nothing changed after that
+    demand, weight, _, _ = types.arrays()
+    assert dict(zip(demand.tolist(), weight.tolist(), strict=True))[300] == pytest.approx(0.5, abs=0.02)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

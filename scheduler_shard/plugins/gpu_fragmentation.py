@@ -26,35 +26,67 @@ PRIOR = (
     ((8000, 64000, 256 * GiB), 1.0),
 )
 MAX_TYPES = 64  # most popular learned types kept in the model
+# The scored model is looked at again each time the tasks seen grow by this share, and retaken
+# when its weights moved by more than this much in total (L1, out of 2).
+REFRESH_GROWTH = 0.1
+MODEL_TOLERANCE = 0.05
 # The score maps the change d in expected fragmentation (milli-GPU) to 50 * (1 - d / (|d| + HALF)):
 # strictly decreasing, so no two changes tie by clipping, and 25 or 75 at d = +-HALF.
 HALF = 1000.0
 
 
 class TaskTypes:
-    """Popularity of task types, a type being an exact (GPU milli, CPU milli, memory) demand."""
+    """Popularity of task types, a type being an exact (GPU milli, CPU milli, memory) demand.
+
+    The scores use a snapshot of the popularity, not the live counts: cached scores must all come
+    from one model, and invalidating them on every task would cost a full pass per placement. Once
+    the tasks seen grow by REFRESH_GROWTH since the last look, the snapshot is retaken (and
+    `generation` bumped) if the weights moved by more than MODEL_TOLERANCE in total: a workload
+    whose mix is steady stops invalidating the scores.
+    """
 
     def __init__(self) -> None:
         self.count: dict[tuple[int, int, int], float] = dict(PRIOR)
-        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.generation = 0
+        self._seen = self._looked_at = sum(self.count.values())
+        self._weights = self._top_weights()
+        self._arrays = self._as_arrays(self._weights)
 
     def observe(self, gpu_milli: int, cpu_milli: int, memory: int = 0, n: int = 1) -> None:
         if gpu_milli <= 0:
             return  # a CPU-only type cannot use GPUs: it has no GPU fragmentation
         key = (gpu_milli, cpu_milli, memory)
         self.count[key] = self.count.get(key, 0.0) + n
-        self._arrays = None
+        self._seen += n
+        if self._seen >= self._looked_at * (1.0 + REFRESH_GROWTH):
+            self._looked_at = self._seen
+            weights = self._top_weights()
+            moved = sum(abs(w - self._weights.get(k, 0.0)) for k, w in weights.items())
+            moved += sum(w for k, w in self._weights.items() if k not in weights)
+            if moved > MODEL_TOLERANCE:
+                self._weights, self._arrays = weights, self._as_arrays(weights)
+                self.generation += 1
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(GPU demand milli, weight summing to 1, CPU milli, memory) of the most popular types."""
-        if self._arrays is None:
-            top = sorted(self.count, key=lambda k: -self.count[k])[:MAX_TYPES]
-            counts = np.array([self.count[k] for k in top], np.float64)
-            demand = np.array([k[0] for k in top], np.int64)
-            cpu = np.array([k[1] for k in top], np.float64)
-            memory = np.array([k[2] for k in top], np.float64)
-            self._arrays = (demand, counts / counts.sum(), cpu, memory)
+        """(GPU demand milli, weight summing to 1, CPU milli, memory) of the most popular types,
+        as of the last snapshot."""
         return self._arrays
+
+    def _top_weights(self) -> dict[tuple[int, int, int], float]:
+        top = sorted(self.count, key=lambda k: -self.count[k])[:MAX_TYPES]
+        total = sum(self.count[k] for k in top)
+        return {k: self.count[k] / total for k in top}
+
+    @staticmethod
+    def _as_arrays(
+        weights: dict[tuple[int, int, int], float],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        keys = list(weights)
+        demand = np.array([k[0] for k in keys], np.int64)
+        weight = np.array([weights[k] for k in keys], np.float64)
+        cpu = np.array([k[1] for k in keys], np.float64)
+        memory = np.array([k[2] for k in keys], np.float64)
+        return demand, weight, cpu, memory
 
 
 def expected_fragmentation(
@@ -74,7 +106,9 @@ def expected_fragmentation(
     )
     fits &= (cpu_free[:, None] >= cpu[None, :]) & (mem_free[:, None] >= memory[None, :])
     frag = np.where(fits, small, total_free)
-    return frag @ weight
+    # A row-wise sum, not `frag @ weight`: BLAS may sum a row differently depending on how many
+    # rows it is given, and a row refreshed alone must score exactly as in a full pass.
+    return (frag * weight).sum(axis=1)
 
 
 def after_placement(tc: TaskClass, free: np.ndarray, eligible: np.ndarray) -> np.ndarray:
