@@ -20,10 +20,17 @@ from gosched.scheduler_shard.gpu_assign import choose_gpus
 from gosched.scheduler_shard.unit_context import UnitContext
 
 
-def fits_row(profile: Profile, tc: TaskClass, state: ClusterArrays, row: int) -> bool:
-    rows = np.array([row], np.int64)
-    for f in profile.dynamic_filters:
-        if f.relevant(tc, state) and not bool(f.filter(tc, state, rows)[0]):
+def fits_row(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
+    """The class's dynamic filters on one row (their scalar versions where they have one, as the
+    cache's one-row refresh does), then whether its GPUs can be assigned there."""
+    tc, one = entry.tc, None
+    for f, fits in zip(entry.dyn_filters, entry.row_filters, strict=True):
+        if fits is not None:
+            ok = fits(state, row)
+        else:
+            one = np.array([row], np.int64) if one is None else one
+            ok = bool(f.filter(tc, state, one)[0])
+        if not ok:
             return False
     return choose_gpus(tc, state, row) is not None
 
@@ -35,19 +42,19 @@ def _budget_left(ctx: UnitContext, victim: Resident) -> int | None:
 
 
 def victims_on_row(
-    profile: Profile,
-    tc: TaskClass,
+    entry: ClassEntry,
     state: ClusterArrays,
     row: int,
     eligible: list[Resident],
     ctx: UnitContext,
 ) -> list[Resident] | None:
     """Smallest victim set on `row` (after reprieve) that lets the task fit; None if none does."""
+    tc = entry.tc
     req = tc.request
     if not req.wants_gpu and not req.extended and not any(r.gpus or r.extended for r in eligible):
         victims = _cpu_memory_victims(tc, state, row, eligible)
     else:
-        victims = _victims_by_trial(profile, tc, state, row, eligible)
+        victims = _victims_by_trial(entry, state, row, eligible)
     if victims is None:
         return None
     per_job: dict[str, int] = {}
@@ -79,7 +86,7 @@ def _cpu_memory_victims(
 
 
 def _victims_by_trial(
-    profile: Profile, tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resident]
+    entry: ClassEntry, state: ClusterArrays, row: int, eligible: list[Resident]
 ) -> list[Resident] | None:
     """Remove-all-then-reprieve on the view itself, so GPU assignment decides what fits."""
     removed: list[Resident] = []
@@ -87,12 +94,12 @@ def _victims_by_trial(
         state.release(r.task_id)
         removed.append(r)
     try:
-        if not fits_row(profile, tc, state, row):
+        if not fits_row(entry, state, row):
             return None
         victims: list[Resident] = []
         for r in sorted(removed, key=lambda r: (-r.priority, r.start_time)):
             state.place(row, r)
-            if not fits_row(profile, tc, state, row):
+            if not fits_row(entry, state, row):
                 state.release(r.task_id)
                 victims.append(r)
         return victims
@@ -165,23 +172,29 @@ def find_candidate(
                 base &= ~excluded
     candidates: list[Candidate] = []
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
-    for row in np.flatnonzero(base):
+    job_id = unit.job.id
+    may_evict = [p.eligible for p in profile.victim_searching]
+    for row in np.flatnonzero(base).tolist():
         residents = state.residents[row]
         if not residents:
             continue
-        eligible = [
-            r
-            for r in residents.values()
-            if r.job_id != unit.job.id
-            and r.task_id not in assumed
-            and any(p.eligible(unit, r) for p in profile.victim_searching)
-            and (_budget_left(ctx, r) is None or (_budget_left(ctx, r) or 0) > 0)
-        ]
-        if not eligible or not could_fit(tc, state, int(row), eligible):
+        eligible = []
+        for r in residents.values():
+            if r.job_id == job_id or r.task_id in assumed:
+                continue
+            for ok in may_evict:  # a loop, not any(<genexpr>): this runs per resident per row
+                if ok(unit, r):
+                    break
+            else:
+                continue
+            left = _budget_left(ctx, r)
+            if left is None or left > 0:
+                eligible.append(r)
+        if not eligible or not could_fit(tc, state, row, eligible):
             continue
-        victims = victims_on_row(profile, tc, state, int(row), eligible, ctx)
+        victims = victims_on_row(entry, state, row, eligible, ctx)
         if victims:
-            candidates.append(Candidate(int(row), victims))
+            candidates.append(Candidate(row, victims))
             if len(candidates) >= limit:
                 break
     if not candidates:

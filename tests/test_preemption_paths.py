@@ -8,6 +8,7 @@ from gosched.common.config import ProfileConfig
 from gosched.common.job import TaskGroup
 from gosched.common.node import make_node
 from gosched.common.resources import ResourceRequest
+from gosched.scheduler_shard.class_cache import ClassCache
 from gosched.scheduler_shard.framework.profile import build_profile
 from gosched.scheduler_shard.framework.task_class import class_of
 from gosched.scheduler_shard.preemption import _cpu_memory_victims, _victims_by_trial
@@ -33,10 +34,11 @@ def test_arithmetic_and_trial_agree(
         if state.fits(row, r) is None:
             state.place(row, r)
             placed.append(r)
-    tc = class_of(TaskGroup("main", 1, ResourceRequest(cpu_milli=want[0] * 1000, memory=want[1] * GiB)))
-    profile = build_profile(ProfileConfig())
+    group = TaskGroup("main", 1, ResourceRequest(cpu_milli=want[0] * 1000, memory=want[1] * GiB))
+    tc = class_of(group)
+    entry = ClassCache(build_profile(ProfileConfig())).entry(group, state)
     fast = _cpu_memory_victims(tc, state, row, placed)
-    slow = _victims_by_trial(profile, tc, state, row, placed)
+    slow = _victims_by_trial(entry, state, row, placed)
     assert (fast is None) == (slow is None)
     if fast is not None and slow is not None:
         assert {v.task_id for v in fast} == {v.task_id for v in slow}
