@@ -124,16 +124,10 @@ class ClassCache:
         if not entry.static_ok[row]:
             entry.eff[row] = NEG_INF
             return
+        if not passes_dynamic_filters(entry, state, row):
+            entry.eff[row] = NEG_INF
+            return
         tc, one = entry.tc, None
-        for f, fits in zip(entry.dyn_filters, entry.row_filters, strict=True):
-            if fits is not None:
-                ok = fits(state, row)
-            else:
-                one = np.array([row], np.int64) if one is None else one
-                ok = bool(f.filter(tc, state, one)[0])
-            if not ok:
-                entry.eff[row] = NEG_INF
-                return
         score = float(entry.static_score[row])
         for (plugin, weight), row_score in zip(entry.dyn_scores, entry.row_scores, strict=True):
             if row_score is not None:
@@ -145,3 +139,18 @@ class ClassCache:
 
     def oldest_position(self) -> int | None:
         return min((e.position for e in self.entries.values()), default=None)
+
+
+def passes_dynamic_filters(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
+    """The class's dynamic filters on one row, each plugin's scalar version where it has one,
+    stopping at the first that fails (the one-row refresh and the victim search both ask this)."""
+    one = None
+    for f, fits in zip(entry.dyn_filters, entry.row_filters, strict=True):
+        if fits is not None:
+            ok = fits(state, row)
+        else:
+            one = np.array([row], np.int64) if one is None else one
+            ok = bool(f.filter(entry.tc, state, one)[0])
+        if not ok:
+            return False
+    return True

@@ -12,7 +12,7 @@ import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.resources import GPU_MILLI
-from gosched.scheduler_shard.class_cache import ClassEntry
+from gosched.scheduler_shard.class_cache import ClassEntry, passes_dynamic_filters
 from gosched.scheduler_shard.framework.interfaces import Candidate, Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
@@ -21,18 +21,8 @@ from gosched.scheduler_shard.unit_context import UnitContext
 
 
 def fits_row(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
-    """The class's dynamic filters on one row (their scalar versions where they have one, as the
-    cache's one-row refresh does), then whether its GPUs can be assigned there."""
-    tc, one = entry.tc, None
-    for f, fits in zip(entry.dyn_filters, entry.row_filters, strict=True):
-        if fits is not None:
-            ok = fits(state, row)
-        else:
-            one = np.array([row], np.int64) if one is None else one
-            ok = bool(f.filter(tc, state, one)[0])
-        if not ok:
-            return False
-    return choose_gpus(tc, state, row) is not None
+    """The class's dynamic filters on one row, then whether its GPUs can be assigned there."""
+    return passes_dynamic_filters(entry, state, row) and choose_gpus(entry.tc, state, row) is not None
 
 
 def _budget_left(ctx: UnitContext, victim: Resident) -> int | None:
