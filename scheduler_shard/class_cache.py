@@ -121,10 +121,7 @@ class ClassCache:
         """_update for one row, accumulated in Python floats in the same order, with each plugin's
         scalar version where it has one (numpy calls on one-element arrays cost more than the
         arithmetic), stopping at the first filter that fails."""
-        if not entry.static_ok[row]:
-            entry.eff[row] = NEG_INF
-            return
-        if not passes_dynamic_filters(entry, state, row):
+        if not entry.static_ok[row] or not passes_dynamic_filters(entry, state, row):
             entry.eff[row] = NEG_INF
             return
         tc, one = entry.tc, None
