@@ -10,11 +10,11 @@ Flow of one job:
 
 Retrying the unschedulable: a parked job waits out its backoff (retry_backoff_s doubling per
 attempt, capped at retry_backoff_max_s), and then is retried only once the cluster has changed in a
-way that may make room (capacity set, tasks released or evicted, a cancel, a partition change; or
-notify_cluster_changed()). Until then it is dormant, and it is retried anyway retry_backoff_max_s
-after it was parked, so a missed change cannot strand it. Without the change gate a zero backoff
-would retry an unplaceable gang every round, and a backlog of them would keep the shards busy for
-nothing.
+way that may make room (capacity set, tasks released, evictions that freed more than their
+preemptors took (dispatcher/room.py), a cancel, a partition change; or notify_cluster_changed()).
+Until then it is dormant, and it is retried anyway retry_backoff_max_s after it was parked, so a
+missed change cannot strand it. Without the change gate a zero backoff would retry an unplaceable
+gang every round, and a backlog of them would keep the shards busy for nothing.
 
 A shard's view lags the changes the dispatcher hears of: it learns them with its next binder
 reply. So a shard's unschedulable verdict is trusted to reflect the cluster only as of the
@@ -47,6 +47,7 @@ from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
 from gosched.dispatcher.queues import PolicyQueue, make_queue
 from gosched.dispatcher.records import FinishedJob, JobRecord, Where, job_state_of
+from gosched.dispatcher.room import evictions_made_room
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
 
@@ -346,7 +347,7 @@ class Dispatcher:
             self._apply(rec, [(ev.task_index, PREEMPTED), (ev.task_index, then)], updates)
             rec.note = f"task {ev.task_index} preempted by {ev.preemptor or 'a gang break'}"
             self._requeue_if_idle(rec)
-        if reply.evicted:
+        if reply.evicted and evictions_made_room(reply, jobs):
             self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)

@@ -4,12 +4,12 @@ import pytest
 
 from gosched.common.config import QueueConfig
 from gosched.common.errors import IllegalTransition, SpecError
-from gosched.common.messages import AcceptedUnit, BindReply, Placement
+from gosched.common.messages import AcceptedUnit, BindReply, Eviction, Placement
 from gosched.common.states import JobState, TaskState
 from gosched.dispatcher import Dispatcher
 from gosched.dispatcher.dispatcher import backoff_delay
 from gosched.dispatcher.store import MemoryStore
-from tests.builders import make_job
+from tests.builders import JobBuilder, make_job
 from tests.test_dispatcher_support import (
     CPU,
     GI,
@@ -193,6 +193,62 @@ def test_cluster_changes_wake_dormant_jobs(event):
     else:
         d.partitions.add_nodes(["new-node"])
     assert "j" in job_ids(d.next_batches())
+
+
+def _swap(victims: dict[str, str], taker: str) -> tuple[bool, bool]:
+    """A dormant job `j`; a preemptor `p` asking for `taker` bound by evicting tasks of the
+    `victims` sizes (job id -> resources, by a builder spec) claimed by its placement, plus
+    whatever the reply evicts beyond them. Returns (j woken, the dispatcher saw the evictions)."""
+    d, _ = dispatcher(backoff=0.0, backoff_max=100.0)
+    for job_id, spec in victims.items():
+        d.submit(_sized(make_job(job_id), spec).build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    assert d.next_batches() == []  # dormant
+    d.submit(_sized(make_job("p"), taker).priority(100).build())
+    (up,) = units(d.next_batches())
+    claimed = tuple(f"{v}/0" for v in victims if not v.startswith("extra"))
+    placement = Placement(0, "n1", victims=claimed)
+    evicted = [Eviction(f"{v}/0", v, 0, "p" if v in {c[:-2] for c in claimed} else "") for v in victims]
+    d.on_reply(BindReply([AcceptedUnit(up.job.id, [placement], 0.0)], [], evicted, [], 2))
+    seen = all(d.task_states(v) == [P] for v in victims)
+    return "j" in job_ids(d.next_batches()), seen
+
+
+def _sized(b: JobBuilder, spec: str) -> JobBuilder:
+    """Apply "cpu=2 mem=4Gi gpus=1 share=500 fpga=1" to a job builder."""
+    for part in spec.split():
+        kind, amount = part.split("=")
+        if kind == "fpga":
+            b = b.extended("fpga", int(amount))
+        elif kind in ("gpus", "share"):
+            b = b.gpus(int(amount)) if kind == "gpus" else b.gpu_share(int(amount))
+        else:
+            b = b.cpu(amount) if kind == "cpu" else b.mem(amount)
+    return b
+
+
+@pytest.mark.parametrize(
+    ("victims", "taker", "wakes"),
+    [
+        ({"v": "cpu=4 mem=4Gi"}, "cpu=4 mem=4Gi", False),  # an even swap frees nothing
+        ({"v": "cpu=2", "w": "cpu=2"}, "cpu=4", False),
+        ({"v": "cpu=2", "w": "cpu=2"}, "cpu=3", True),  # 1 CPU left over
+        ({"v": "cpu=1 mem=8Gi"}, "cpu=1 mem=4Gi", True),
+        ({"v": "cpu=1 gpus=8"}, "cpu=1 gpus=1", True),  # a big GPU task out, a small one in
+        ({"v": "cpu=1 share=500", "w": "cpu=1 share=500"}, "cpu=2 gpus=1", False),
+        ({"v": "cpu=1 gpus=1"}, "cpu=1 share=500", True),
+        ({"v": "cpu=1 fpga=2"}, "cpu=1 fpga=1", True),
+        ({"v": "cpu=1 fpga=1"}, "cpu=1", True),
+        ({"v": "cpu=2", "extra": "cpu=1"}, "cpu=2", True),  # an eviction no placement claimed
+    ],
+)
+def test_an_eviction_wakes_dormant_jobs_only_if_it_freed_more_than_its_preemptor_took(victims, taker, wakes):
+    woken, seen = _swap(victims, taker)
+    assert seen  # the evictions themselves were taken either way
+    assert woken is wakes
 
 
 def test_a_reject_is_not_a_cluster_change():
