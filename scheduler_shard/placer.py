@@ -82,13 +82,20 @@ class Placer:
         unplaced: list[int] = []
         unit_filters = self.profile.unit_filters
         task_row = state.task_row
-        # Choosing among the allowed rows (ascending, so ties still go to the lowest row) costs
-        # one gather per task instead of masking the whole cluster's scores.
-        allowed_rows = None if allowed is None else self._rows_of(allowed)
+        stale_rows: list[int] = []
         for idx in indexes:
             tid = task_id(job.id, idx)
             if tid in task_row:
+                stale_rows.append(task_row[tid])
                 ctx.drop_stale(state, tid)
+        if stale_rows:
+            # The view still holds the unit's own task, released at the binder since. Its room is
+            # most likely taken (by the task that evicted it): this attempt does not count on it,
+            # or every shard that has not heard yet proposes the task back into its old slot.
+            allowed = _excluding(allowed, stale_rows, state.n)
+        # Choosing among the allowed rows (ascending, so ties still go to the lowest row) costs
+        # one gather per task instead of masking the whole cluster's scores.
+        allowed_rows = None if allowed is None else self._rows_of(allowed)
         for pos, idx in enumerate(indexes):
             if len(ctx.placements) + (len(indexes) - pos) < need:
                 unplaced.extend(indexes[pos:])  # the gang can no longer reach min_needed
@@ -175,6 +182,12 @@ def best_row(eff: npt.NDArray[np.float64], rows: npt.NDArray[np.intp] | None) ->
         return int(rows[eff[rows].argmax()]) if rows.size else -1
     # An empty view (no node known yet, e.g. before the first sync) fits nothing.
     return int(eff.argmax()) if eff.size else -1
+
+
+def _excluding(allowed: Mask | None, rows: list[int], n: int) -> Mask:
+    mask = np.ones(n, np.bool_) if allowed is None else allowed.copy()
+    mask[rows] = False
+    return mask
 
 
 def _both(a: Mask | None, b: Mask | None) -> Mask | None:

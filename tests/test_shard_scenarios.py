@@ -926,6 +926,34 @@ def test_a_units_task_still_resident_in_a_stale_view_is_not_counted_twice(answer
     assert arrays_view(shard.state) == arrays_view(expected.state)
 
 
+@pytest.mark.parametrize("n2_used", ["0", "1", "2", "3", "4"])
+def test_a_units_stale_task_is_not_proposed_back_into_its_old_slot(n2_used: str) -> None:
+    # This view still shows a/0 on n1, but the binder released it (evicted: its preemptor now holds
+    # that room). The retry must not count on n1's room, whatever n2's load, or it comes back as a
+    # refused proposal (a conflict) from every shard that has not heard of the eviction yet.
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("8").build()]
+    a = make_job("a").cpu("4").build()
+    residents = [(a, 0, "n1", ())]
+    if n2_used != "0":
+        residents.append((make_job("b").cpu(n2_used).build(), 0, "n2", ()))
+    shard = shard_with(nodes, residents)
+    out = run_units(shard, [a])
+    assert [p.node for p in out.proposals[0].placements] == ["n2"]
+
+
+def test_a_unit_whose_only_room_is_its_stale_slot_waits_for_a_fresh_view() -> None:
+    from gosched.binder.state import arrays_view
+
+    nodes = [make_node("n1").cpu("8").build(), make_node("n2").cpu("8").build()]
+    a = make_job("a").cpu("4").build()
+    full = make_job("full").cpu("6").build()
+    shard = shard_with(nodes, [(a, 0, "n1", ()), (full, 0, "n2", ())])
+    before = arrays_view(shard.state)
+    out = run_units(shard, [a])
+    assert out.proposals == [] and [u.job_id for u in out.unschedulable] == ["a"]
+    assert arrays_view(shard.state) == before and shard.inflight == {}
+
+
 def test_a_failed_attempt_puts_the_stale_resident_back() -> None:
     from gosched.binder.state import arrays_view
 
