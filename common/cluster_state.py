@@ -22,6 +22,7 @@ B = npt.NDArray[np.bool_]
 
 MAX_GPUS = 16  # GPUs per node the arrays hold; larger nodes are refused at registration
 NO_VICTIM = np.iinfo(np.int64).max
+NO_GPU_SHARE = int(np.iinfo(np.int32).min)  # below any GPU's free milli, over-committed ones too
 
 # Metadata generations are drawn from one counter for every ClusterArrays in the process, so a
 # cache keyed by a generation can never mistake a new view (a shard's resync, whose rows may be in
@@ -271,7 +272,10 @@ class ClusterArrays:
             return
         # One pass over the row's few GPUs in Python: several numpy calls on 16 elements cost
         # about six times as much, and this runs on every GPU placement and release.
-        whole = largest = total = 0
+        # largest starts below any share, as in refresh_gpu_summaries: over-committed GPUs (free < 0,
+        # from changes applied as they come) must read the same on both paths.
+        whole = total = 0
+        largest = NO_GPU_SHARE
         for free, exists in zip(self.gpu_free[row].tolist(), self.gpu_exists[row].tolist(), strict=True):
             if exists:
                 total += free
@@ -358,7 +362,7 @@ class ClusterArrays:
         exists = self.gpu_exists[rows]
         has = self.gpu_count[rows] > 0
         self.free_whole[rows] = np.where(has, np.count_nonzero((free == GPU_MILLI) & exists, axis=1), 0)
-        self.max_share[rows] = np.where(has, np.where(exists, free, np.iinfo(np.int32).min).max(axis=1), 0)
+        self.max_share[rows] = np.where(has, np.where(exists, free, NO_GPU_SHARE).max(axis=1), 0)
         used = self.gpu_count[rows].astype(np.int64) * GPU_MILLI - np.where(exists, free, 0).sum(axis=1)
         self.gpu_used_total[rows] = np.where(has, used, 0)
 
