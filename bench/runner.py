@@ -72,7 +72,8 @@ def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size:
         comp_before = dict(p.stats.component_s)
         p.submit_many(w.measured)
         start = time.perf_counter()
-        p.run_until_idle()
+        # As on Ray: jobs backing off after a change that may have made room are waited for.
+        p.run_until_idle(wait_backoff=True)
         seconds = time.perf_counter() - start
         s = p.stats
         proposals = s.proposals - before[1]

@@ -724,9 +724,19 @@ class Dispatcher:
         return self._waiting
 
     def waiting_count(self) -> int:
-        """Jobs still in their retry backoff: they become dispatchable by waiting alone (if the
-        cluster has changed since they were parked)."""
-        return self._backing_off
+        """Jobs in their retry backoff that waiting alone makes worth retrying: the cluster has
+        changed since the view their verdict was taken on. The others go dormant when their
+        backoff ends; only a change, or the periodic retry of a verdict on the same cluster, brings
+        them back. So with none of these, nothing in flight and nothing queued, the dispatcher is
+        idle even if jobs that fit nowhere remain (an overfilled cluster)."""
+        if not self._backing_off:
+            return 0
+        epoch = self._epoch
+        return sum(
+            1
+            for _, token, rec in self._parked
+            if rec.park_token == token and rec.where is Where.PARKED and rec.park_epoch != epoch
+        )
 
     def in_flight_count(self) -> int:
         """Units dispatched to shards and not yet answered."""

@@ -126,8 +126,9 @@ def test_unschedulable_parks_the_job_with_doubling_backoff(base, cap, expected_w
         assert u.attempt == attempt
         d.on_unschedulable([unschedulable(u)])
         assert d.task_states("j") == [P]
-        assert (d.pending_count(), d.waiting_count(), d.in_flight_count()) == (1, 1, 0)
+        assert (d.pending_count(), d.in_flight_count()) == (1, 0)
         d.notify_cluster_changed()  # room may have been made: only the backoff holds it back
+        assert d.waiting_count() == 1
         clock.advance(wait - 1 / 64)
         assert d.next_batches() == []  # still backing off
         clock.advance(1 / 64)
@@ -158,6 +159,25 @@ def test_dormant_job_is_retried_periodically_without_any_change():
     assert d.next_batches() == []
     clock.advance(0.1)  # retry_backoff_max_s after it was parked
     assert len(units(d.next_batches())) == 1
+
+
+def test_a_job_that_failed_on_the_latest_cluster_does_not_count_as_waiting():
+    # Its retry can only repeat the verdict until something changes, so a run over an overfilled
+    # cluster is idle once every such job has failed on the latest view (bench, run_until_idle).
+    d, clock = dispatcher(backoff=1.0, backoff_max=1.0)
+    d.submit_many([make_job("j").cpu("1").build(), make_job("k").cpu("1").build()])
+    uj, uk = sorted(units(d.next_batches()), key=lambda u: u.job.id)
+    d.on_unschedulable([unschedulable(uj), unschedulable(uk)])
+    assert (d.pending_count(), d.waiting_count()) == (2, 0)
+    d.notify_cluster_changed()
+    assert d.waiting_count() == 2  # the change may have made room: their retries are due
+    for expected in (2, 0):  # a shard's verdict is trusted only as of its previous batch
+        clock.advance(1.0)
+        (u2, u3) = units(d.next_batches())
+        d.on_unschedulable([unschedulable(u2), unschedulable(u3)])
+        assert d.waiting_count() == expected
+    clock.advance(1.0)  # at the cap the periodic retry still comes, on the same cluster
+    assert len(units(d.next_batches())) == 2
 
 
 def test_a_change_during_the_backoff_still_waits_for_the_backoff():
