@@ -35,7 +35,7 @@ def _exceeds(freed: list[ResourceRequest], taker: ResourceRequest) -> bool:
         return True
     if sum(r.gpu_total_milli for r in freed) > taker.gpu_total_milli:
         return True
-    took = dict(taker.extended)
+    took = taker.extended_dict()
     ext: dict[str, int] = {}
     for r in freed:
         for name, amount in r.extended:
