@@ -130,6 +130,11 @@ class Settings(BaseSettings):
     # Seconds an unschedulable unit waits before it is tried again (doubles per attempt, capped).
     retry_backoff_s: float = Field(default=0.05, ge=0.0)
     retry_backoff_max_s: float = Field(default=5.0, ge=0.0)
+    # A unit found unschedulable waits for a change that may make room (a release, a node, more
+    # capacity); this is how long after its last attempt it is retried anyway, on an unchanged
+    # cluster, in case a change went unnoticed. Longer than the backoff cap: a backlog of units
+    # that fit nowhere costs one attempt each per interval (kube-scheduler waits 5 min).
+    unschedulable_retry_s: float = Field(default=60.0, ge=0.0)
     # The master process (gosched master / up).
     runtime: Literal["ray", "local"] = "ray"  # components as Ray actors, or all in the master process
     ray_address: str | None = None  # join this Ray cluster; None: start a local one

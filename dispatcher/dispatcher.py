@@ -12,7 +12,7 @@ Retrying the unschedulable: a parked job waits out its backoff (retry_backoff_s 
 attempt, capped at retry_backoff_max_s), and then is retried only once the cluster has changed in a
 way that may make room (capacity set, tasks released, evictions that freed more than their
 preemptors took (dispatcher/room.py), a cancel, a partition change; or notify_cluster_changed()).
-Until then it is dormant, and it is retried anyway retry_backoff_max_s after it was parked, so a
+Until then it is dormant, and it is retried anyway unschedulable_retry_s after it was parked, so a
 missed change cannot strand it. Without the change gate a zero backoff would retry an unplaceable
 gang every round, and a backlog of them would keep the shards busy for nothing.
 
@@ -586,7 +586,7 @@ class Dispatcher:
         """Queue the parked jobs whose backoff is over if the cluster changed since; the others
         go dormant until it does (or until their periodic retry)."""
         parked, dormant = self._parked, self._dormant
-        max_wait = self.settings.retry_backoff_max_s
+        max_wait = self.settings.unschedulable_retry_s
         while parked and parked[0][0] <= now:
             _, token, rec = heapq.heappop(parked)
             if rec.park_token != token or rec.where is not Where.PARKED:

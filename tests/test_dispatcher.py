@@ -136,7 +136,7 @@ def test_unschedulable_parks_the_job_with_doubling_backoff(base, cap, expected_w
 
 
 def test_after_its_backoff_an_unschedulable_job_waits_for_the_cluster_to_change():
-    d, clock = dispatcher(backoff=0.0, backoff_max=10.0)
+    d, clock = dispatcher(backoff=0.0, backoff_max=10.0, periodic=10.0)
     d.submit(make_job("j").cpu("1").build())
     (u,) = units(d.next_batches())
     d.on_unschedulable([unschedulable(u)])
@@ -151,20 +151,33 @@ def test_after_its_backoff_an_unschedulable_job_waits_for_the_cluster_to_change(
 
 
 def test_dormant_job_is_retried_periodically_without_any_change():
-    d, clock = dispatcher(backoff=0.5, backoff_max=4.0)
+    d, clock = dispatcher(backoff=0.5, backoff_max=1.0, periodic=4.0)
     d.submit(make_job("j").cpu("1").build())
     (u,) = units(d.next_batches())
     d.on_unschedulable([unschedulable(u)])
-    clock.advance(3.9)
+    clock.advance(3.9)  # the backoff is long over; nothing changed
     assert d.next_batches() == []
-    clock.advance(0.1)  # retry_backoff_max_s after it was parked
+    assert "or a periodic retry in 0.100s" in d.explain("j")
+    clock.advance(0.1)  # unschedulable_retry_s after it was parked
+    assert len(units(d.next_batches())) == 1
+
+
+def test_the_periodic_retry_defaults_to_a_minute_not_the_backoff_cap():
+    # At the 5 s cap, 10,000 units that fit nowhere would mean 2,000 futile attempts a second.
+    d, clock = dispatcher(backoff=0.5, backoff_max=5.0)
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])
+    clock.advance(59.9)
+    assert d.next_batches() == []
+    clock.advance(0.1)
     assert len(units(d.next_batches())) == 1
 
 
 def test_a_job_that_failed_on_the_latest_cluster_does_not_count_as_waiting():
     # Its retry can only repeat the verdict until something changes, so a run over an overfilled
     # cluster is idle once every such job has failed on the latest view (bench, run_until_idle).
-    d, clock = dispatcher(backoff=1.0, backoff_max=1.0)
+    d, clock = dispatcher(backoff=1.0, backoff_max=1.0, periodic=3.0)
     d.submit_many([make_job("j").cpu("1").build(), make_job("k").cpu("1").build()])
     uj, uk = sorted(units(d.next_batches()), key=lambda u: u.job.id)
     d.on_unschedulable([unschedulable(uj), unschedulable(uk)])
@@ -176,7 +189,9 @@ def test_a_job_that_failed_on_the_latest_cluster_does_not_count_as_waiting():
         (u2, u3) = units(d.next_batches())
         d.on_unschedulable([unschedulable(u2), unschedulable(u3)])
         assert d.waiting_count() == expected
-    clock.advance(1.0)  # at the cap the periodic retry still comes, on the same cluster
+    clock.advance(2.0)
+    assert d.next_batches() == []  # dormant: nothing changed since their verdicts
+    clock.advance(1.0)  # the periodic retry still comes, on the same cluster
     assert len(units(d.next_batches())) == 2
 
 

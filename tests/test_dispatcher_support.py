@@ -40,6 +40,7 @@ def settings(
     batch_size: int = 512,
     backoff: float = 0.05,
     backoff_max: float = 5.0,
+    periodic: float | None = None,
     admission: AdmissionConfig | None = None,
 ) -> Settings:
     return Settings(
@@ -48,6 +49,7 @@ def settings(
         queues=list(queues) or [QueueConfig(name="default")],
         retry_backoff_s=backoff,
         retry_backoff_max_s=backoff_max,
+        **({} if periodic is None else {"unschedulable_retry_s": periodic}),
         admission=admission or AdmissionConfig(),
     )
 
