@@ -3,6 +3,11 @@
 Static plugins (node metadata only) are computed once per class and metadata generation. Dynamic
 ones (usage) are recomputed for the rows the view's dirty log names since the class last looked,
 so placing a task costs work on one row plus an argmax, not a pass over every node.
+
+The argmax is remembered too (`ClassCache.best_row`): each refresh checks the rows it recomputed
+against the remembered best, and only a drop in the best row's own score forgets it. Bin-packing
+raises the score of the row just placed on, so a run of like tasks pays for one argmax over the
+rows per node filled rather than one per task.
 """
 
 from dataclasses import dataclass, field
@@ -12,13 +17,30 @@ import numpy.typing as npt
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.job import TaskGroup
-from gosched.scheduler_shard.framework.interfaces import FilterPlugin, RowFilter, Rows, RowScore, ScorePlugin
+from gosched.scheduler_shard.framework.interfaces import (
+    FilterPlugin,
+    Mask,
+    RowFilter,
+    Rows,
+    RowScore,
+    ScorePlugin,
+)
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 
 F = npt.NDArray[np.float64]
 NEG_INF = -np.inf
 MAX_CLASSES = 4096
+ALL_ROWS = np.ones(0, np.bool_)  # the remembered argmax's key when it is over every row
+
+
+def best_row(eff: F, rows: npt.NDArray[np.intp] | None) -> int:
+    """The highest-scoring row among `rows` (ascending; None = all), ties to the lowest; -1 when
+    there is none. The caller checks the score: it may be NEG_INF (nothing fits)."""
+    if rows is not None:
+        return int(rows[eff[rows].argmax()]) if rows.size else -1
+    # An empty view (no node known yet, e.g. before the first sync) fits nothing.
+    return int(eff.argmax()) if eff.size else -1
 
 
 @dataclass(slots=True)
@@ -37,6 +59,11 @@ class ClassEntry:
     # Each dynamic plugin's scalar one-row version, or None where it has none (the vector is used).
     row_filters: list[RowFilter | None] = field(default_factory=list)
     row_scores: list[RowScore | None] = field(default_factory=list)
+    # The remembered best_row: over the rows of best_key (a read-only mask, or ALL_ROWS), and its
+    # score. None: nothing remembered.
+    best_key: npt.NDArray[np.bool_] | None = None
+    best: int = -1
+    best_score: float = NEG_INF
 
 
 class ClassCache:
@@ -58,6 +85,18 @@ class ClassCache:
             entry = self.entries[key] = ClassEntry(tc=class_of(group))
         self.refresh(entry, state)
         return entry
+
+    def best_row(self, entry: ClassEntry, mask: Mask | None, rows: npt.NDArray[np.intp] | None) -> int:
+        """best_row(entry.eff, rows) where `rows` are the rows of `mask` (None: every row), as of
+        the entry's last refresh: call it right after entry(). Remembered for read-only masks (a
+        mask that can change in place cannot be known by its identity)."""
+        key = ALL_ROWS if mask is None else mask
+        if entry.best_key is key:
+            return entry.best
+        row = best_row(entry.eff, rows)
+        if row >= 0 and (mask is None or not mask.flags.writeable):
+            entry.best_key, entry.best, entry.best_score = key, row, float(entry.eff[row])
+        return row
 
     def refresh(self, entry: ClassEntry, state: ClusterArrays) -> None:
         if (
@@ -102,6 +141,7 @@ class ClassCache:
         entry.row_filters = [f.row_filter(tc) for f in entry.dyn_filters]
         entry.row_scores = [p.row_score(tc) for p, _ in dyn_scores]
         entry.eff = np.full(n, NEG_INF)
+        entry.best_key = None
         entry.meta_gen, entry.n, entry.state_id = state.meta_generation, n, id(state)
         entry.model_gen = self.model_generation
         entry.position = state.dirty_position
@@ -116,6 +156,8 @@ class ClassCache:
         for plugin, weight in entry.dyn_scores:
             score = score + weight * plugin.score(tc, state, rows)
         entry.eff[rows] = np.where(ok, score, NEG_INF)
+        if entry.best_key is not None and isinstance(rows, np.ndarray):
+            _note_rows(entry, rows)
 
     def _update_row(self, entry: ClassEntry, state: ClusterArrays, row: int) -> None:
         """_update for one row, accumulated in Python floats in the same order, with each plugin's
@@ -123,6 +165,8 @@ class ClassCache:
         arithmetic), stopping at the first filter that fails."""
         if not entry.static_ok[row] or not passes_dynamic_filters(entry, state, row):
             entry.eff[row] = NEG_INF
+            if entry.best_key is not None:
+                _note_row(entry, row, NEG_INF)
             return
         tc, one = entry.tc, None
         score = float(entry.static_score[row])
@@ -133,9 +177,49 @@ class ClassCache:
                 one = np.array([row], np.int64) if one is None else one
                 score += weight * float(plugin.score(tc, state, one)[0])
         entry.eff[row] = score
+        if entry.best_key is not None:
+            _note_row(entry, row, score)
 
     def oldest_position(self) -> int | None:
         return min((e.position for e in self.entries.values()), default=None)
+
+
+def _note_row(entry: ClassEntry, row: int, score: float) -> None:
+    """Keep the remembered argmax true after `row` was rescored to `score`."""
+    key = entry.best_key
+    assert key is not None
+    if key is not ALL_ROWS and not (row < len(key) and key[row]):
+        return
+    best = entry.best
+    if row == best:
+        if score >= entry.best_score:  # every other row is at most its old score: still the best
+            entry.best_score = score
+        else:
+            entry.best_key = None
+    elif score > entry.best_score or (score == entry.best_score and row < best):
+        entry.best, entry.best_score = row, score
+
+
+def _note_rows(entry: ClassEntry, rows: npt.NDArray[np.int64]) -> None:
+    """_note_row for the rows (ascending) of one vector refresh."""
+    key = entry.best_key
+    assert key is not None
+    if key is not ALL_ROWS:
+        rows = rows[rows < len(key)]
+        rows = rows[key[rows]]
+    if not rows.size:
+        return
+    eff, best = entry.eff, entry.best
+    if best in rows:
+        if eff[best] < entry.best_score:
+            entry.best_key = None
+            return
+        entry.best_score = float(eff[best])
+    scores = eff[rows]
+    at = int(scores.argmax())
+    top, row = float(scores[at]), int(rows[at])
+    if top > entry.best_score or (top == entry.best_score and row < entry.best):
+        entry.best, entry.best_score = row, top
 
 
 def passes_dynamic_filters(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.job import task_id
 from gosched.common.messages import Diagnosis, Placement, Unit, Unschedulable
-from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache
+from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache, best_row
 from gosched.scheduler_shard.diagnosis import diagnose
 from gosched.scheduler_shard.framework.interfaces import Mask
 from gosched.scheduler_shard.framework.profile import Profile
@@ -109,7 +109,10 @@ class Placer:
                         excluded = uf.excluded(entry.tc, ctx, state)
                         if excluded is not None:
                             eff = np.where(excluded, NEG_INF, eff)
-            row = best_row(eff, allowed_rows)
+            if eff is entry.eff:
+                row = self.cache.best_row(entry, allowed, allowed_rows)
+            else:
+                row = best_row(eff, allowed_rows)
             victims: tuple[str, ...] = ()
             if row < 0 or eff[row] == NEG_INF:
                 if self._diagnosis is None:
@@ -173,15 +176,6 @@ def _largest_first(unit: Unit) -> tuple[int, ...]:
         return (-r.gpu_total_milli, -r.cpu_milli, -r.memory)
 
     return tuple(sorted(unit.task_indexes, key=size))
-
-
-def best_row(eff: npt.NDArray[np.float64], rows: npt.NDArray[np.intp] | None) -> int:
-    """The highest-scoring row among `rows` (ascending; None = all), ties to the lowest; -1 when
-    there is none. The caller checks the score: it may be NEG_INF (nothing fits)."""
-    if rows is not None:
-        return int(rows[eff[rows].argmax()]) if rows.size else -1
-    # An empty view (no node known yet, e.g. before the first sync) fits nothing.
-    return int(eff.argmax()) if eff.size else -1
 
 
 def _excluding(allowed: Mask | None, rows: list[int], n: int) -> Mask:

@@ -19,7 +19,7 @@ from gosched.common.messages import NodeUpserted, TaskBound, Unit
 from gosched.common.node import Gpu, Node, NodeState, Taint, TaintEffect
 from gosched.common.resources import ResourceRequest
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, TaskState, check_transition
-from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache
+from gosched.scheduler_shard.class_cache import ALL_ROWS, NEG_INF, ClassCache, best_row
 from gosched.scheduler_shard.framework import registry
 from gosched.scheduler_shard.framework.interfaces import (
     CandidateSortingPlugin,
@@ -35,7 +35,6 @@ from gosched.scheduler_shard.framework.interfaces import (
 from gosched.scheduler_shard.framework.profile import build_profile
 from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 from gosched.scheduler_shard.gpu_assign import choose_gpus
-from gosched.scheduler_shard.placer import best_row
 from gosched.scheduler_shard.plugins.allocation_scores import fractions_after
 from gosched.scheduler_shard.plugins.gpu_fragmentation import REFRESH_GROWTH, GpuFragmentation, TaskTypes
 from gosched.scheduler_shard.plugins.locating import PartitionFirst
@@ -410,6 +409,78 @@ def test_the_one_row_refresh_scores_exactly_as_a_fresh_computation(
     assert scalar_refreshes > 50  # the scalar path was under test (most classes, most steps)
 
 
+@pytest.mark.parametrize("profile_config", [ProfileConfig(), SPREAD_PROFILE], ids=["default", "spread"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_remembered_best_row_is_always_the_argmax(profile_config: ProfileConfig, seed: int) -> None:
+    """ClassCache.best_row remembers the argmax between refreshes. Greedy placements (mostly on
+    the best row, as the placer does), placements elsewhere, releases, and several changes
+    between looks (the vector refresh): after each look, over every row and over a read-only
+    mask, it is the argmax of the kept scores, ties to the lowest row."""
+    import random
+
+    rng = random.Random(seed)
+    profile = build_profile(profile_config)
+    state = ClusterArrays()
+    for i in range(10):
+        state.upsert_node(make_node(f"n{i}").cpu(str(rng.choice([16, 32, 64]))).mem("128Gi").build())
+    groups = [
+        make_job(f"g{k}").cpu(c).mem(m).build().groups[0]
+        for k, (c, m) in enumerate([("500m", "1Gi"), ("1", "0"), ("2", "2Gi")])
+    ]
+    cache = ClassCache(profile)
+    mask = np.arange(state.n) % 3 != 1
+    mask.flags.writeable = False
+    masked = np.flatnonzero(mask)
+    remembered = 0
+    for step in range(300):
+        for _ in range(rng.choice([1, 1, 1, 3])):  # sometimes several changes before a look
+            group = rng.choice(groups)
+            entry = cache.entry(group, state)
+            if state.task_row and rng.random() < 0.15:
+                state.release(rng.choice(sorted(state.task_row)))
+                continue
+            live = [r for r in range(state.n) if np.isfinite(entry.eff[r])]
+            if not live:
+                continue
+            row = cache.best_row(entry, None, None) if rng.random() < 0.7 else rng.choice(live)
+            if np.isfinite(entry.eff[row]):
+                state.place(
+                    row, Resident.for_task(Job(f"t{step}-{row}-{rng.random()}", (group,)), 0, (), 0.0)
+                )
+        for group in groups:
+            entry = cache.entry(group, state)
+            for key, rows in ((None, None), (mask, masked)):
+                remembered += entry.best_key is (ALL_ROWS if key is None else key)
+                assert cache.best_row(entry, key, rows) == best_row(entry.eff, rows), (step, group.resources)
+    if profile_config is not SPREAD_PROFILE:  # spreading lowers the row just placed on: forgotten
+        assert remembered > 100  # bin-packing keeps it: many looks were answered from memory
+
+
+@pytest.mark.parametrize("looks_between", [1, 2], ids=["one-row", "vector"])
+def test_the_remembered_best_row_breaks_a_tie_to_the_lowest_row(looks_between: int) -> None:
+    """A lower row that comes level with the remembered best takes its place, as argmax would."""
+    profile = build_profile(ProfileConfig())
+    state = ClusterArrays()
+    for i in range(3):
+        state.upsert_node(make_node(f"n{i}").cpu("8").mem("32Gi").build())
+    group = make_job("g").cpu("1").mem("1Gi").build().groups[0]
+    cache = ClassCache(profile)
+
+    def place(row: int, name: str) -> None:
+        state.place(row, Resident.for_task(Job(name, (group,)), 0, (), 0.0))
+
+    place(2, "a")  # the fullest row is the bin-packing best
+    entry = cache.entry(group, state)
+    assert cache.best_row(entry, None, None) == 2
+    place(0, "b")  # row 0 comes level with row 2
+    if looks_between == 2:
+        place(1, "c")  # and row 1 too: two rows changed before the next look
+    entry = cache.entry(group, state)
+    assert entry.eff[0] == entry.eff[2]
+    assert entry.best_key is ALL_ROWS  # still remembered, not recomputed
+    assert cache.best_row(entry, None, None) == 0
+
+
 def test_the_one_row_refresh_of_a_three_resource_balance_matches_to_the_bit() -> None:
     """cpu, memory and GPU fractions: balanced_allocation's variance. A Python float's ** 2 (pow)
     differs from the product in the last bit for these values; the scalar path must not use it."""
@@ -488,6 +559,7 @@ def test_class_cache_kept_row_by_row_equals_a_fresh_computation(data: st.DataObj
         state.upsert_node(draw(cache_nodes(f"n{i}")))
     groups = draw(st.lists(cache_groups(), min_size=1, max_size=4))
     cache = ClassCache(profile)
+    masks: dict[int, np.ndarray] = {}
     placed = 0
     for _ in range(draw(st.integers(1, 25))):
         op = draw(st.sampled_from(["place", "place", "place", "release", "node", "node-state", "remove"]))
@@ -521,6 +593,15 @@ def test_class_cache_kept_row_by_row_equals_a_fresh_computation(data: st.DataObj
             fresh = ClassCache(profile).entry(group, state)
             assert np.array_equal(kept.static_ok, fresh.static_ok)
             assert same_results(kept.eff, fresh.eff), (group, kept.eff, fresh.eff)
+            # The remembered argmax, over every row and over a fixed read-only mask, is the
+            # argmax of the kept scores (ties to the lowest row) after every kind of change.
+            assert cache.best_row(kept, None, None) == best_row(kept.eff, None)
+            mask = masks.get(state.n)
+            if mask is None:
+                mask = masks[state.n] = np.arange(state.n) % 2 == 0
+                mask.flags.writeable = False
+            rows = np.flatnonzero(mask)
+            assert cache.best_row(kept, mask, rows) == best_row(kept.eff, rows)
 
 
 def test_identical_tasks_share_one_class_entry() -> None:
