@@ -85,6 +85,9 @@ class Unschedulable:
     task_indexes: tuple[int, ...]
     diagnosis: Diagnosis
     attempt: int = 0
+    # Preemption passed over victims only because they are the shard's own placements still
+    # awaiting the binder: once answered they may be evicted, so the verdict holds only until then.
+    settling: bool = False
 
 
 @fast_pickle

@@ -19,7 +19,9 @@ gang every round, and a backlog of them would keep the shards busy for nothing.
 A shard's view lags the changes the dispatcher hears of: it learns them with its next binder
 reply. So a shard's unschedulable verdict is trusted to reflect the cluster only as of the
 dispatcher's previous batch to that shard; a job judged on an older view is tried again after its
-backoff instead of going dormant, and without any change it goes dormant at once.
+backoff instead of going dormant, and without any change it goes dormant at once. So is a job whose
+preemption was held back only by the shard's own placements awaiting the binder (`settling`): they
+can be evicted once bound, and binding them is no change that wakes anyone.
 
 A job has at most one unit in flight. Tasks that become pending while it is out (an eviction of
 one of its bound tasks) wait until that unit is answered, then the job is queued again for all of
@@ -70,6 +72,9 @@ assert SCHEDULED in LEGAL[PENDING]
 PERSISTED = frozenset({PENDING, CANCELLED})
 
 Updates = list[tuple[str, TaskState]]
+# The trust epoch of a verdict that will not hold: no cluster epoch equals it, so the job is retried
+# when its backoff ends whether or not anything changed (a Unschedulable marked settling).
+UNTRUSTED = -1
 
 
 class Dispatcher:
@@ -367,6 +372,8 @@ class Dispatcher:
             states = rec.states
             self._apply(rec, [(i, PENDING) for i in item.task_indexes if states[i] is SCHEDULED], updates)
             rec.unsched = True
+            if item.settling:  # the verdict may change once the shard's placements are answered
+                rec.trust_epoch = UNTRUSTED
             if not rec.n_scheduled:
                 self._resolve(rec, now, backoff=True)
         if self.store is not None and updates:

@@ -162,7 +162,7 @@ class Placer:
                 else ""
             )
             diagnosis = diagnose(self.profile, tc, state, ctx, note)
-        return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt)
+        return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt, ctx.victims_in_flight)
 
 
 def _largest_first(unit: Unit) -> tuple[int, ...]:

@@ -170,12 +170,15 @@ def find_candidate(
             continue
         eligible = []
         for r in residents.values():
-            if r.job_id == job_id or r.task_id in assumed:
+            if r.job_id == job_id:
                 continue
             for ok in may_evict:  # a loop, not any(<genexpr>): this runs per resident per row
                 if ok(unit, r):
                     break
             else:
+                continue
+            if r.task_id in assumed:
+                ctx.victims_in_flight = True  # a victim once the binder has bound it
                 continue
             left = _budget_left(ctx, r)
             if left is None or left > 0:

@@ -21,6 +21,8 @@ class UnitContext:
     placed_rows: list[tuple[int, str]] = field(default_factory=list)  # (row, role)
     log: list[tuple[str, str, Resident]] = field(default_factory=list)  # (action, node name, resident)
     victims_by_job: dict[str, int] = field(default_factory=dict)
+    # The victim search passed over a task it could have evicted, because it awaits the binder.
+    victims_in_flight: bool = False
 
     def place(self, state: ClusterArrays, row: int, resident: Resident, placement: Placement) -> None:
         state.place(row, resident)

@@ -195,6 +195,19 @@ def test_a_job_that_failed_on_the_latest_cluster_does_not_count_as_waiting():
     assert len(units(d.next_batches())) == 2
 
 
+@pytest.mark.parametrize("settling", [False, True])
+def test_a_settling_verdict_is_retried_after_its_backoff_without_any_change(settling: bool) -> None:
+    # Settling: the shard's preemption passed over its own placements awaiting the binder. Their
+    # binding wakes nobody, so the retry must not wait for a change (or the periodic retry).
+    d, clock = dispatcher(backoff=1.0, backoff_max=1.0, periodic=60.0)
+    d.submit(make_job("j").cpu("1").build())
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u, settling=settling)])
+    assert d.waiting_count() == (1 if settling else 0)
+    clock.advance(1.0)
+    assert len(units(d.next_batches())) == (1 if settling else 0)
+
+
 def test_a_change_during_the_backoff_still_waits_for_the_backoff():
     d, clock = dispatcher(backoff=1.0, backoff_max=10.0)
     d.submit(make_job("j").cpu("1").build())

@@ -88,9 +88,12 @@ def evict(*victims: tuple[str, int], preemptor: str = "p") -> BindReply:
     return BindReply([], [], [Eviction(f"{j}/{i}", j, i, preemptor) for j, i in victims], [], 1)
 
 
-def unschedulable(u: Unit, indexes: Iterable[int] | None = None, note: str = "") -> Unschedulable:
+def unschedulable(
+    u: Unit, indexes: Iterable[int] | None = None, note: str = "", *, settling: bool = False
+) -> Unschedulable:
     diag = Diagnosis(total_nodes=10, ruled_out={"resources_fit": 7, "gpu_model": 3}, note=note)
-    return Unschedulable(u.job.id, tuple(u.task_indexes if indexes is None else indexes), diag, u.attempt)
+    chosen = tuple(u.task_indexes if indexes is None else indexes)
+    return Unschedulable(u.job.id, chosen, diag, u.attempt, settling)
 
 
 def drain(d: Dispatcher, rounds: int = 1000) -> list[Unit]:

@@ -39,6 +39,21 @@ def test_gang_preemption_on_one_node(tmp_path: Path) -> None:
     assert p.dispatcher.task_states("p2") == [TaskState.PENDING]
 
 
+def test_a_higher_priority_job_in_the_same_batch_preempts_once_the_lower_is_bound(tmp_path: Path) -> None:
+    # "high" is planned while "low" (same batch) only awaits the binder, so it cannot evict it
+    # yet. Binding "low" is no change that wakes a dormant job: without its verdict marked
+    # settling, "high" would wait for the periodic retry (a minute) behind a lower priority.
+    p = pipeline(tmp_path, [make_node("n").cpu("9").build()], shards=1)
+    p.submit(make_job("first").cpu("1").priority(50).build())  # the shard's view is then current
+    p.run_until_idle()
+    p.submit_many(
+        [make_job("low").cpu("8").priority(1).build(), make_job("high").cpu("8").priority(100).build()]
+    )
+    p.run_until_idle(wait_backoff=True)
+    assert bound_node(p, "high/0") == "n" and bound_node(p, "first/0") == "n"
+    assert p.dispatcher.task_states("low") == [TaskState.PENDING]
+
+
 def test_spark_gang_waits_whole_then_binds_all(tmp_path: Path) -> None:
     # Room for the driver (2 CPU) and 3 executors (4 CPU each).
     p = pipeline(tmp_path, [make_node("a").cpu("8").build(), make_node("b").cpu("6").build()], shards=2)

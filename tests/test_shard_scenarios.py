@@ -647,6 +647,36 @@ def test_a_placement_awaiting_the_binder_is_never_a_victim() -> None:
     assert out.proposals[0].placements[0].victims == ("low/0",)
 
 
+@pytest.mark.parametrize(
+    ("in_flight_priority", "bound", "settling"),
+    [
+        (1, [], True),  # the lower-priority task in the way awaits the binder: a victim once bound
+        (100, [], False),  # an equal-priority task in flight is no victim either way
+        (1, [("other", 1)], False),  # a bound task is evicted instead: no verdict to revisit
+    ],
+    ids=["lower-in-flight", "equal-in-flight", "bound-victim-found"],
+)
+def test_an_unschedulable_verdict_held_back_by_victims_in_flight_is_marked_settling(
+    in_flight_priority: int, bound: list[tuple[str, int]], settling: bool
+) -> None:
+    # The dispatcher retries a settling verdict after its backoff even on an unchanged cluster: the
+    # binder binding "low" is no change that wakes dormant jobs, yet it makes "high" placeable.
+    nodes = [make_node("n").cpu("8").build()] + [
+        make_node(f"b{i}").cpu("8").build() for i, _ in enumerate(bound)
+    ]
+    running = [(make_job(j).cpu("8").priority(p).build(), 0, f"b{i}", ()) for i, (j, p) in enumerate(bound)]
+    shard = shard_with(nodes, running)
+    low = make_job("low").cpu("8").priority(in_flight_priority).build()
+    high = make_job("high").cpu("8").priority(100).build()
+    out = run_units(shard, [low, high])
+    if bound:
+        assert out.proposals[1].placements[0].victims == ("other/0",)
+        assert out.unschedulable == []
+        return
+    assert [u.job_id for u in out.unschedulable] == ["high"]
+    assert out.unschedulable[0].settling is settling
+
+
 def test_partition_first() -> None:
     nodes = [make_node(f"n{i}").build() for i in range(4)]
     shard = shard_with(nodes, profile=profile_with_scores("most_allocated"))
