@@ -7,6 +7,7 @@ rolled back so it leaves no trace in the view.
 
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +22,8 @@ from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.gpu_assign import choose_gpus
 from gosched.scheduler_shard.preemption import find_candidate
 from gosched.scheduler_shard.unit_context import UnitContext
+
+IN_FLIGHT_VICTIMS_NOTE = "lower-priority tasks in the way are still being bound: preempting them next"
 
 
 class Placer:
@@ -162,6 +165,9 @@ class Placer:
                 else ""
             )
             diagnosis = diagnose(self.profile, tc, state, ctx, note)
+        if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
+            note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
+            diagnosis = replace(diagnosis, note=note)
         return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt, ctx.victims_in_flight)
 
 

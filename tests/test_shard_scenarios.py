@@ -675,6 +675,8 @@ def test_an_unschedulable_verdict_held_back_by_victims_in_flight_is_marked_settl
         return
     assert [u.job_id for u in out.unschedulable] == ["high"]
     assert out.unschedulable[0].settling is settling
+    # and "why pending" says so
+    assert ("still being bound" in out.unschedulable[0].diagnosis.message()) is settling
 
 
 def test_partition_first() -> None:
