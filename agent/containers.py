@@ -16,15 +16,54 @@ from pathlib import Path
 
 RUNTIMES = ("docker", "podman")
 NO_RUNTIME = "no container runtime (docker or podman) on this node"
+# Set on the node when a runtime works, so that jobs with an image can select such nodes.
+RUNTIME_LABEL = "gosched.io/container-runtime"
+PROBE_TIMEOUT_S = 10.0
 
 
-def find_runtime() -> str | None:
-    """The path of the first container runtime on PATH, or None."""
+def probe_runtime(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the runtime at `path` cannot run containers now, or None if it can. `info` needs what
+    `run` needs: docker's daemon (a docker client alone is common: the daemon not running, or its
+    socket not ours), podman's storage."""
+    name = Path(path).name
+    try:
+        done = subprocess.run(
+            [path, "info"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"`{name} info` did not answer in {timeout_s:g}s"
+    except OSError as exc:
+        return f"{name}: {exc}"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    return f"{name}: {lines[-1] if lines else f'`info` exited with {done.returncode}'}"
+
+
+def find_runtime() -> tuple[str | None, str]:
+    """(the path of the first container runtime on PATH that works, or None; and if None, why:
+    each one found and what its probe said, or that none is installed)."""
+    problems: list[str] = []
     for name in RUNTIMES:
         path = shutil.which(name)
-        if path:
-            return path
-    return None
+        if not path:
+            continue
+        why = probe_runtime(path)
+        if why is None:
+            return path, ""
+        problems.append(why)
+    return None, "; ".join(problems) or "neither is installed"
+
+
+def runtime_kind(path: str) -> str:
+    """docker or podman, by the program's name (a wrapper named otherwise counts as docker)."""
+    return "podman" if "podman" in Path(path).name else "docker"
 
 
 def container_name(task_id: str) -> str:
@@ -40,7 +79,7 @@ class Container:
 
     @property
     def is_podman(self) -> bool:
-        return "podman" in Path(self.runtime).name
+        return runtime_kind(self.runtime) == "podman"
 
     def run_argv(
         self,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gosched.agent import cgroups
-from gosched.agent.containers import find_runtime
+from gosched.agent.containers import NO_RUNTIME, RUNTIME_LABEL, find_runtime, runtime_kind
 from gosched.agent.discovery import discover, load_nvml
 from gosched.agent.executor import ShellExecutor
 from gosched.agent.link import MasterLink
@@ -90,13 +90,17 @@ class AgentRunner:
         self._nvml: Any
         self._nvml, nvml_status = load_nvml() if nvml is AUTO else (nvml, "given" if nvml else "none given")
         self.machine = discover(self._nvml, nvml_status)
-        node = self.machine.to_node(self.name, dict(labels or {}), tuple(taints))
+        # A runtime found on PATH is used only if it works; a given one is trusted as it is.
+        self.container_runtime, self.no_runtime_reason = (
+            find_runtime() if container_runtime == AUTO else (container_runtime, "none configured")
+        )
+        found = {RUNTIME_LABEL: runtime_kind(self.container_runtime)} if self.container_runtime else {}
+        node = self.machine.to_node(self.name, {**found, **(labels or {})}, tuple(taints))
         if cpu_milli is not None:
             node = replace(node, cpu_milli=cpu_milli)
         if memory is not None:
             node = replace(node, memory=memory)
         self.node: Node = node_from_proto(node_to_proto(node))  # validated as the master will
-        self.container_runtime = find_runtime() if container_runtime == AUTO else container_runtime
         self.limits = "none: not started"
         self.node_name = self.name  # as the master calls it, once registered
         self.registered = threading.Event()
@@ -166,8 +170,11 @@ class AgentRunner:
         else:
             self.limits = f"none: {support.reason}"
             self.echo(f"tasks run without CPU/memory limits ({support.reason})")
+        if self.container_runtime is None:
+            self.echo(f"tasks with an image cannot run here: {self.no_runtime_reason}")
         executor = ShellExecutor(self.work_dir / "logs", support)
-        tasks = TaskTable(executor, self._report, self.container_runtime, self.echo)
+        no_runtime = f"{NO_RUNTIME} ({self.no_runtime_reason})"
+        tasks = TaskTable(executor, self._report, self.container_runtime, self.echo, no_runtime)
         saved = self._state.load()
         if saved:
             alive = tasks.adopt(saved)

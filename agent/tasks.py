@@ -127,10 +127,12 @@ class TaskTable:
         report: Callable[[agent_pb2.TaskStatus], None],
         container_runtime: str | None,
         echo: Callable[[str], None],
+        no_runtime: str = NO_RUNTIME,
     ) -> None:
         self.executor = executor
         self.report = report
         self.container_runtime = container_runtime
+        self.no_runtime = no_runtime  # why a task with an image fails here, if it does
         self.echo = echo
         self.records: dict[str, TaskRecord] = {}
         self.finished: OrderedDict[str, agent_pb2.TaskStatus] = OrderedDict()
@@ -309,7 +311,7 @@ class TaskTable:
         gpus, env = gpu_indexes(msg), launch_env(msg)
         if msg.image:
             if self.container_runtime is None:
-                return NO_RUNTIME
+                return self.no_runtime
             rec.container = Container(self.container_runtime, container_name(task_id))
             env["GOSCHED_TASK_ID"] = task_id
             argv = rec.container.run_argv(msg.image, list(msg.command), env, gpus, msg.cpu_milli, msg.memory)

@@ -22,7 +22,14 @@ import grpc
 import psutil
 import pytest
 
-from gosched.agent.containers import NO_RUNTIME, Container, container_name
+from gosched.agent.containers import (
+    NO_RUNTIME,
+    RUNTIME_LABEL,
+    Container,
+    container_name,
+    find_runtime,
+    probe_runtime,
+)
 from gosched.agent.runner import AgentRunner, WorkDirBusy
 from gosched.cli.agent_cmd import parse_labels, parse_taints
 from gosched.common.node import Taint, TaintEffect
@@ -339,8 +346,66 @@ def test_an_image_without_a_container_runtime_fails(master: FakeMaster, tmp_path
         wait_for("the stream", lambda: master.heartbeats())
         master.launch("img/0", ["echo hi"], image="alpine:3")
         end = master.wait_final("img/0")
-    assert (end.state, end.message) == (FAILED, NO_RUNTIME)
+    assert end.state == FAILED and end.message == f"{NO_RUNTIME} (none configured)"
     assert [s.state for s in master.statuses("img/0")] == [FAILED]
+
+
+DAEMON_DOWN = (
+    "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+)
+
+
+def fake_runtime(bin_dir: Path, name: str, info: str) -> Path:
+    """An executable named `name` whose `info` runs the shell snippet `info` (its exit is the
+    probe's answer); anything else prints its arguments, as FAKE_DOCKER does."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nif [ "$1" = info ]; then {info}; fi\nprintf "%s\\n" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        ("exit 0", None),
+        (f"echo 'Client: ok' >&2; echo '{DAEMON_DOWN}' >&2; exit 1", f"docker: {DAEMON_DOWN}"),
+        ("exit 3", "docker: `info` exited with 3"),
+        ("sleep 5", "`docker info` did not answer in 0.5s"),
+    ],
+    ids=["works", "daemon-down", "silent-failure", "hangs"],
+)
+def test_probing_a_container_runtime(tmp_path: Path, info: str, expected: str | None) -> None:
+    assert probe_runtime(str(fake_runtime(tmp_path, "docker", info)), timeout_s=0.5) == expected
+
+
+def test_a_docker_without_its_daemon_is_passed_over_for_a_working_podman(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_runtime(tmp_path / "bin", "docker", f"echo '{DAEMON_DOWN}' >&2; exit 1")
+    fake_runtime(tmp_path / "bin", "podman", "echo 'storage not writable' >&2; exit 125")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    assert find_runtime() == (None, f"docker: {DAEMON_DOWN}; podman: storage not writable")
+    podman = fake_runtime(tmp_path / "bin", "podman", "exit 0")
+    assert find_runtime() == (str(podman), "")
+
+
+@pytest.mark.parametrize("works", [True, False], ids=["daemon-up", "daemon-down"])
+def test_the_agent_uses_and_advertises_only_a_runtime_that_works(
+    master: FakeMaster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, works: bool
+) -> None:
+    fake_runtime(tmp_path / "bin", "docker", "exit 0" if works else f"echo '{DAEMON_DOWN}' >&2; exit 1")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    with running_agent(master.address, tmp_path / "agent") as runner:
+        (reg,) = wait_for("a registration", lambda: master.registrations)
+        master.launch("img/0", ["echo hi"], image="alpine:3")
+        end = master.wait_final("img/0")
+    assert (reg.node.labels.get(RUNTIME_LABEL) == "docker") is works
+    assert (runner.container_runtime is not None) is works
+    if works:  # the fake runtime printed its `run` arguments as the task's output
+        assert end.state == SUCCEEDED and "alpine:3" in master.log("img/0").decode()
+    else:  # failed at once, saying why: not a docker error in the task's log
+        assert end.state == FAILED and end.message == f"{NO_RUNTIME} (docker: {DAEMON_DOWN})"
 
 
 FAKE_DOCKER = """#!/bin/sh
