@@ -16,8 +16,6 @@ from pathlib import Path
 
 RUNTIMES = ("docker", "podman")
 NO_RUNTIME = "no container runtime (docker or podman) on this node"
-# Set on the node when a runtime works, so that jobs with an image can select such nodes.
-RUNTIME_LABEL = "gosched.io/container-runtime"
 PROBE_TIMEOUT_S = 10.0
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gosched.agent import cgroups
-from gosched.agent.containers import NO_RUNTIME, RUNTIME_LABEL, find_runtime, runtime_kind
+from gosched.agent.containers import NO_RUNTIME, find_runtime, runtime_kind
 from gosched.agent.discovery import discover, load_nvml
 from gosched.agent.executor import ShellExecutor
 from gosched.agent.link import MasterLink
@@ -32,7 +32,7 @@ from gosched.agent.state import StateFile
 from gosched.agent.tasks import TaskTable
 from gosched.agent.usage import UsageSampler
 from gosched.api.convert import node_from_proto, node_to_proto
-from gosched.common.node import Node, Taint
+from gosched.common.node import RUNTIME_LABEL, Node, Taint
 from gosched.proto.v1 import agent_pb2
 
 log = logging.getLogger("gosched.agent")

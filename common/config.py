@@ -76,6 +76,7 @@ DEFAULT_FILTERS = [
     "gpu_memory",
     "node_selector",
     "node_affinity",
+    "container_runtime",
     "taint_toleration",
     "anti_affinity",
 ]

@@ -92,6 +92,7 @@ class TaskGroup:
             self.required_affinity,
             self.preferred_affinity,
             self.tolerations,
+            bool(self.image),  # a container runtime needed or not (which image does not matter)
         )
 
 

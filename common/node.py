@@ -14,6 +14,10 @@ class TaintEffect(enum.StrEnum):
 
 # Set on the nodes that a real node agent registered (the others are simulated or static).
 AGENT_LABEL = "gosched.io/agent"
+# Set on a node that can run a task's image: by its agent when docker or podman works there (the
+# value says which), "simulated" on simulated nodes. The container_runtime filter keeps tasks with
+# an image off the other nodes.
+RUNTIME_LABEL = "gosched.io/container-runtime"
 # An agent that cannot reach the master retries registering at most this far apart (agent/link.py).
 # After a master restart its nodes' agents get this long on top of the node timeout to come back.
 AGENT_MAX_BACKOFF_S = 5.0

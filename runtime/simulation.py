@@ -4,7 +4,7 @@ import random
 from collections.abc import Iterator
 
 from gosched.common.job import Job, TaskGroup
-from gosched.common.node import Node, make_node
+from gosched.common.node import RUNTIME_LABEL, Node, make_node
 from gosched.common.resources import ResourceRequest
 
 GiB = 2**30
@@ -14,7 +14,7 @@ def sim_nodes(count: int, *, gpu_every: int = 4, prefix: str = "sim", zones: int
     """`count` nodes: CPU nodes (32 cores, 128 GiB) and, one in `gpu_every`, 8-GPU nodes with NUMA/NVLink."""
     nodes = []
     for i in range(count):
-        labels = {"zone": f"z{i % zones}", "node-type": "cpu"}
+        labels = {"zone": f"z{i % zones}", "node-type": "cpu", RUNTIME_LABEL: "simulated"}
         if gpu_every and i % gpu_every == 0:
             labels["node-type"] = "gpu"
             nodes.append(

@@ -69,6 +69,10 @@ class JobBuilder:
         self._group = replace(self._group, command=tuple(argv))
         return self
 
+    def image(self, image: str) -> Self:
+        self._group = replace(self._group, image=image)
+        return self
+
     def selector(self, **labels: str) -> Self:
         self._group = replace(self._group, node_selector=tuple(sorted(labels.items())))
         return self

@@ -15,7 +15,7 @@ from gosched import Client
 from gosched.api import convert
 from gosched.api.server import ServerHandle, serve
 from gosched.common.config import Settings
-from gosched.common.node import NodeState, make_node
+from gosched.common.node import RUNTIME_LABEL, NodeState, make_node
 from gosched.common.states import JobState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
@@ -29,7 +29,8 @@ class ScriptedAgent:
     def __init__(self, target: str, name: str) -> None:
         self.channel = grpc.insecure_channel(target)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
-        node = convert.node_to_proto(make_node(name, 4000, 8 * 2**30))
+        # as an agent with a working docker labels its node (so tasks with an image may come)
+        node = convert.node_to_proto(make_node(name, 4000, 8 * 2**30, labels={RUNTIME_LABEL: "docker"}))
         reply = stub.Register(agent_pb2.RegisterRequest(node=node, agent_version="test"), timeout=10)
         self.name, self.session = reply.node_name, reply.session_id
         self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()

@@ -24,7 +24,6 @@ import pytest
 
 from gosched.agent.containers import (
     NO_RUNTIME,
-    RUNTIME_LABEL,
     Container,
     container_name,
     find_runtime,
@@ -32,7 +31,7 @@ from gosched.agent.containers import (
 )
 from gosched.agent.runner import AgentRunner, WorkDirBusy
 from gosched.cli.agent_cmd import parse_labels, parse_taints
-from gosched.common.node import Taint, TaintEffect
+from gosched.common.node import RUNTIME_LABEL, Taint, TaintEffect
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 from tests.test_agent_discovery import FakeNvml
 

@@ -9,7 +9,7 @@ from gosched.common.cluster_state import Resident
 from gosched.common.config import ProfileConfig
 from gosched.common.job import Job, NodeSelectorTerm, Requirement, SelectorOp
 from gosched.common.messages import BindReply, RejectedUnit
-from gosched.common.node import Node, NodeState
+from gosched.common.node import RUNTIME_LABEL, Node, NodeState
 from tests.builders import make_job, make_node
 from tests.shard_helpers import profile_with_scores, run_units, shard_with
 
@@ -403,6 +403,24 @@ FILTER_CASES = [
         running=[(_filler("f", "8"), 0, "busy", ())],
     ),
     Case(
+        "an image goes only to a node that can run containers",
+        [make_node("plain").build(), make_node("docker").label(**{RUNTIME_LABEL: "docker"}).build()],
+        make_job("j").cpu("1").image("python:3.12").build(),
+        {"docker"},
+    ),
+    Case(
+        "an image and no container runtime anywhere",
+        [make_node("plain").build()],
+        make_job("j").cpu("1").image("python:3.12").build(),
+        None,
+    ),
+    Case(
+        "a shell task goes anywhere",
+        [make_node("plain").build(), make_node("docker").label(**{RUNTIME_LABEL: "docker"}).build()],
+        make_job("j").cpu("1").build(),
+        {"plain", "docker"},
+    ),
+    Case(
         "spread prefers the emptier node",
         [make_node("empty").build(), make_node("busy").build()],
         make_job("j").cpu("1").build(),
@@ -421,6 +439,8 @@ def test_single_task_placement(case: Case) -> None:
         assert out.proposals == []
         assert len(out.unschedulable) == 1
         assert out.unschedulable[0].diagnosis.ruled_out
+        if case.job.groups[0].image:
+            assert out.unschedulable[0].diagnosis.ruled_out == {"no container runtime": 1}
     else:
         assert out.unschedulable == []
         (proposal,) = out.proposals

@@ -3,6 +3,7 @@
 from gosched.scheduler_shard.plugins import (  # noqa: F401
     allocation_scores,
     anti_affinity,
+    container_runtime,
     gpu_filters,
     gpu_fragmentation,
     gpu_topology,
