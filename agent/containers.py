@@ -9,6 +9,7 @@ import contextlib
 import shlex
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,24 +25,27 @@ def probe_runtime(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     `run` needs: docker's daemon (a docker client alone is common: the daemon not running, or its
     socket not ours), podman's storage."""
     name = Path(path).name
-    try:
-        done = subprocess.run(
-            [path, "info"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return f"`{name} info` did not answer in {timeout_s:g}s"
-    except OSError as exc:
-        return f"{name}: {exc}"
-    if done.returncode == 0:
-        return None
-    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return f"{name}: {lines[-1] if lines else f'`info` exited with {done.returncode}'}"
+    # stderr goes to a file, not a pipe: a helper the runtime leaves running (podman's pause
+    # process) would hold a pipe open and make a working runtime look hung.
+    with tempfile.TemporaryFile("w+") as err:
+        try:
+            code = subprocess.run(
+                [path, "info"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                timeout=timeout_s,
+                check=False,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return f"`{name} info` did not answer in {timeout_s:g}s"
+        except OSError as exc:
+            return f"{name}: {exc}"
+        if code == 0:
+            return None
+        err.seek(0)
+        lines = [line.strip() for line in err.read().splitlines() if line.strip()]
+    return f"{name}: {lines[-1] if lines else f'`info` exited with {code}'}"
 
 
 def find_runtime() -> tuple[str | None, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gosched.agent import cgroups
-from gosched.agent.containers import NO_RUNTIME, find_runtime, runtime_kind
+from gosched.agent.containers import NO_RUNTIME, find_runtime, probe_runtime, runtime_kind
 from gosched.agent.discovery import discover, load_nvml
 from gosched.agent.executor import ShellExecutor
 from gosched.agent.link import MasterLink
@@ -90,10 +90,15 @@ class AgentRunner:
         self._nvml: Any
         self._nvml, nvml_status = load_nvml() if nvml is AUTO else (nvml, "given" if nvml else "none given")
         self.machine = discover(self._nvml, nvml_status)
-        # A runtime found on PATH is used only if it works; a given one is trusted as it is.
-        self.container_runtime, self.no_runtime_reason = (
-            find_runtime() if container_runtime == AUTO else (container_runtime, "none configured")
-        )
+        # A runtime is used only if it works (probed once, here): found on PATH or given.
+        if container_runtime == AUTO:
+            self.container_runtime, self.no_runtime_reason = find_runtime()
+        elif container_runtime is None:
+            self.container_runtime, self.no_runtime_reason = None, "none configured"
+        else:
+            why = probe_runtime(container_runtime)
+            self.container_runtime = None if why else container_runtime
+            self.no_runtime_reason = why or ""
         found = {RUNTIME_LABEL: runtime_kind(self.container_runtime)} if self.container_runtime else {}
         node = self.machine.to_node(self.name, {**found, **(labels or {})}, tuple(taints))
         if cpu_milli is not None:

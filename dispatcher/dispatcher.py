@@ -367,6 +367,9 @@ class Dispatcher:
             if rec is None:
                 continue
             rec.diagnosis = item.diagnosis
+            if item.settling and item.attempt == rec.attempt and rec.where is Where.PARKED:
+                # A gang placed in part: the reply parked it already, trusting the verdict.
+                rec.park_epoch = UNTRUSTED
             if rec.where is not Where.INFLIGHT or item.attempt != rec.attempt:
                 continue  # an answer for an attempt that is no longer out
             states = rec.states

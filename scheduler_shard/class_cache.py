@@ -4,10 +4,11 @@ Static plugins (node metadata only) are computed once per class and metadata gen
 ones (usage) are recomputed for the rows the view's dirty log names since the class last looked,
 so placing a task costs work on one row plus an argmax, not a pass over every node.
 
-The argmax is remembered too (`ClassCache.best_row`): each refresh checks the rows it recomputed
-against the remembered best, and only a drop in the best row's own score forgets it. Bin-packing
-raises the score of the row just placed on, so a run of like tasks pays for one argmax over the
-rows per node filled rather than one per task.
+The argmax is remembered too (`ClassCache.remembered_best_row`, for one mask at a time): each
+refresh checks the rows it recomputed against the remembered best; a drop in the best row's own
+score, a full refresh or another mask forgets it. Bin-packing raises the score of the row just
+placed on, so a run of like tasks pays for one argmax over the rows per node filled rather than
+one per task.
 """
 
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 F = npt.NDArray[np.float64]
 NEG_INF = -np.inf
 MAX_CLASSES = 4096
-ALL_ROWS = np.ones(0, np.bool_)  # the remembered argmax's key when it is over every row
+ALL_ROWS = np.ones(0, np.bool_)  # the remembered argmax's key when it is over every row (a marker)
+ALL_ROWS.flags.writeable = False
 
 
 def best_row(eff: F, rows: npt.NDArray[np.intp] | None) -> int:
@@ -86,7 +88,9 @@ class ClassCache:
         self.refresh(entry, state)
         return entry
 
-    def best_row(self, entry: ClassEntry, mask: Mask | None, rows: npt.NDArray[np.intp] | None) -> int:
+    def remembered_best_row(
+        self, entry: ClassEntry, mask: Mask | None, rows: npt.NDArray[np.intp] | None
+    ) -> int:
         """best_row(entry.eff, rows) where `rows` are the rows of `mask` (None: every row), as of
         the entry's last refresh: call it right after entry(). Remembered for read-only masks (a
         mask that can change in place cannot be known by its identity)."""

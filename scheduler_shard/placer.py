@@ -113,7 +113,7 @@ class Placer:
                         if excluded is not None:
                             eff = np.where(excluded, NEG_INF, eff)
             if eff is entry.eff:
-                row = self.cache.best_row(entry, allowed, allowed_rows)
+                row = self.cache.remembered_best_row(entry, allowed, allowed_rows)
             else:
                 row = best_row(eff, allowed_rows)
             victims: tuple[str, ...] = ()

@@ -164,11 +164,14 @@ def find_candidate(
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     job_id = unit.job.id
     may_evict = [p.eligible for p in profile.victim_searching]
+    # A row where the task would fit if placements still awaiting the binder were victims too.
+    held_back = False
     for row in np.flatnonzero(base).tolist():
         residents = state.residents[row]
         if not residents:
             continue
-        eligible = []
+        eligible: list[Resident] = []
+        in_flight: list[Resident] = []
         for r in residents.values():
             if r.job_id == job_id:
                 continue
@@ -177,12 +180,11 @@ def find_candidate(
                     break
             else:
                 continue
-            if r.task_id in assumed:
-                ctx.victims_in_flight = True  # a victim once the binder has bound it
-                continue
             left = _budget_left(ctx, r)
             if left is None or left > 0:
-                eligible.append(r)
+                (in_flight if r.task_id in assumed else eligible).append(r)
+        if in_flight and not held_back:
+            held_back = could_fit(tc, state, row, eligible + in_flight)
         if not eligible or not could_fit(tc, state, row, eligible):
             continue
         victims = victims_on_row(entry, state, row, eligible, ctx)
@@ -191,6 +193,8 @@ def find_candidate(
             if len(candidates) >= limit:
                 break
     if not candidates:
+        # Bound, those placements could be evicted: the verdict holds only until they are.
+        ctx.victims_in_flight = ctx.victims_in_flight or held_back
         return None
     for sorter in profile.candidate_sorting:
         candidates = sorter.sort(candidates)

@@ -12,6 +12,10 @@ from gosched.common.messages import AcceptedUnit, Placement, Unit
 
 PLACE = "place"
 EVICT = "evict"
+# A step that real changes made moot (its victim was released, or its task bound, by the binder):
+# redo and undo both skip it. Undoing a moot eviction would put back a task the binder no longer
+# has, and nothing would ever take it out of the view again.
+MOOT = "moot"
 
 
 @dataclass(slots=True)
@@ -61,20 +65,20 @@ class UnitContext:
         for action, node, resident in reversed(self.log):
             if action == PLACE:
                 state.release(resident.task_id)
-            elif resident.task_id not in state.task_row and node in state.row_of:
+            elif action == EVICT and resident.task_id not in state.task_row and node in state.row_of:
                 state.place(state.row_of[node], resident)
 
     def redo(self, state: ClusterArrays) -> None:
-        """Re-assume this attempt on a refreshed view; steps made moot by real changes are skipped."""
-        for action, node, resident in self.log:
+        """Re-assume this attempt on a refreshed view (undone, then changed underneath); a step
+        that the changes made moot is skipped, and marked so that no later undo reverts it."""
+        for i, (action, node, resident) in enumerate(self.log):
             row = state.row_of.get(node)
-            if row is None:
-                continue
-            if action == PLACE:
-                if resident.task_id not in state.task_row:
-                    state.place(row, resident)
-            elif state.task_row.get(resident.task_id) == row:
+            if action == PLACE and row is not None and resident.task_id not in state.task_row:
+                state.place(row, resident)
+            elif action == EVICT and row is not None and state.task_row.get(resident.task_id) == row:
                 state.release(resident.task_id)
+            elif action != MOOT:
+                self.log[i] = (MOOT, node, resident)
 
     def rollback(self, state: ClusterArrays) -> None:
         """Abandon the attempt: undo it and forget it."""

@@ -389,13 +389,19 @@ def test_a_docker_without_its_daemon_is_passed_over_for_a_working_podman(
     assert find_runtime() == (str(podman), "")
 
 
+@pytest.mark.parametrize("found", ["on-path", "configured"])
 @pytest.mark.parametrize("works", [True, False], ids=["daemon-up", "daemon-down"])
 def test_the_agent_uses_and_advertises_only_a_runtime_that_works(
-    master: FakeMaster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, works: bool
+    master: FakeMaster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, works: bool, found: str
 ) -> None:
-    fake_runtime(tmp_path / "bin", "docker", "exit 0" if works else f"echo '{DAEMON_DOWN}' >&2; exit 1")
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    with running_agent(master.address, tmp_path / "agent") as runner:
+    info = "exit 0" if works else f"echo '{DAEMON_DOWN}' >&2; exit 1"
+    docker = fake_runtime(tmp_path / "bin", "docker", info)
+    options: dict[str, Any] = {}
+    if found == "on-path":
+        monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    else:
+        options["container_runtime"] = str(docker)
+    with running_agent(master.address, tmp_path / "agent", **options) as runner:
         (reg,) = wait_for("a registration", lambda: master.registrations)
         master.launch("img/0", ["echo hi"], image="alpine:3")
         end = master.wait_final("img/0")

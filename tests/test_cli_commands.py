@@ -343,7 +343,8 @@ def test_nodes_table_wide_and_json(server: ServerHandle, client: Client) -> None
     first = by_name["sim-00000"]
     assert (first["cpu_milli"], first["memory"], len(first["gpus"])) == (96_000, 768 * GiB, 8)
     assert [g["used_milli"] for g in first["gpus"]] == list(gpu.gpu_used_milli)
-    assert first["labels"] == {"node-type": "gpu", "zone": "z0"} and set(first["tasks"]) == set(gpu.task_ids)
+    labels = {"gosched.io/container-runtime": "simulated", "node-type": "gpu", "zone": "z0"}
+    assert first["labels"] == labels and set(first["tasks"]) == set(gpu.task_ids)
 
 
 def test_cordon_drain_and_undo(server: ServerHandle, client: Client) -> None:

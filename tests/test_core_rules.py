@@ -442,7 +442,7 @@ def test_the_remembered_best_row_is_always_the_argmax(profile_config: ProfileCon
             live = [r for r in range(state.n) if np.isfinite(entry.eff[r])]
             if not live:
                 continue
-            row = cache.best_row(entry, None, None) if rng.random() < 0.7 else rng.choice(live)
+            row = cache.remembered_best_row(entry, None, None) if rng.random() < 0.7 else rng.choice(live)
             if np.isfinite(entry.eff[row]):
                 state.place(
                     row, Resident.for_task(Job(f"t{step}-{row}-{rng.random()}", (group,)), 0, (), 0.0)
@@ -451,7 +451,8 @@ def test_the_remembered_best_row_is_always_the_argmax(profile_config: ProfileCon
             entry = cache.entry(group, state)
             for key, rows in ((None, None), (mask, masked)):
                 remembered += entry.best_key is (ALL_ROWS if key is None else key)
-                assert cache.best_row(entry, key, rows) == best_row(entry.eff, rows), (step, group.resources)
+                got = cache.remembered_best_row(entry, key, rows)
+                assert got == best_row(entry.eff, rows), (step, group.resources)
     if profile_config is not SPREAD_PROFILE:  # spreading lowers the row just placed on: forgotten
         assert remembered > 100  # bin-packing keeps it: many looks were answered from memory
 
@@ -471,14 +472,14 @@ def test_the_remembered_best_row_breaks_a_tie_to_the_lowest_row(looks_between: i
 
     place(2, "a")  # the fullest row is the bin-packing best
     entry = cache.entry(group, state)
-    assert cache.best_row(entry, None, None) == 2
+    assert cache.remembered_best_row(entry, None, None) == 2
     place(0, "b")  # row 0 comes level with row 2
     if looks_between == 2:
         place(1, "c")  # and row 1 too: two rows changed before the next look
     entry = cache.entry(group, state)
     assert entry.eff[0] == entry.eff[2]
     assert entry.best_key is ALL_ROWS  # still remembered, not recomputed
-    assert cache.best_row(entry, None, None) == 0
+    assert cache.remembered_best_row(entry, None, None) == 0
 
 
 def test_the_one_row_refresh_of_a_three_resource_balance_matches_to_the_bit() -> None:
@@ -595,13 +596,13 @@ def test_class_cache_kept_row_by_row_equals_a_fresh_computation(data: st.DataObj
             assert same_results(kept.eff, fresh.eff), (group, kept.eff, fresh.eff)
             # The remembered argmax, over every row and over a fixed read-only mask, is the
             # argmax of the kept scores (ties to the lowest row) after every kind of change.
-            assert cache.best_row(kept, None, None) == best_row(kept.eff, None)
+            assert cache.remembered_best_row(kept, None, None) == best_row(kept.eff, None)
             mask = masks.get(state.n)
             if mask is None:
                 mask = masks[state.n] = np.arange(state.n) % 2 == 0
                 mask.flags.writeable = False
             rows = np.flatnonzero(mask)
-            assert cache.best_row(kept, mask, rows) == best_row(kept.eff, rows)
+            assert cache.remembered_best_row(kept, mask, rows) == best_row(kept.eff, rows)
 
 
 def test_identical_tasks_share_one_class_entry() -> None:

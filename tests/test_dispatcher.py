@@ -195,14 +195,23 @@ def test_a_job_that_failed_on_the_latest_cluster_does_not_count_as_waiting():
     assert len(units(d.next_batches())) == 2
 
 
+@pytest.mark.parametrize("partly_placed", [False, True], ids=["nothing-placed", "gang-placed-in-part"])
 @pytest.mark.parametrize("settling", [False, True])
-def test_a_settling_verdict_is_retried_after_its_backoff_without_any_change(settling: bool) -> None:
+def test_a_settling_verdict_is_retried_after_its_backoff_without_any_change(
+    settling: bool, partly_placed: bool
+) -> None:
     # Settling: the shard's preemption passed over its own placements awaiting the binder. Their
     # binding wakes nobody, so the retry must not wait for a change (or the periodic retry).
+    # A gang placed in part is parked by the reply for its placed tasks, before the verdict on
+    # the rest arrives (both runtimes report in that order).
     d, clock = dispatcher(backoff=1.0, backoff_max=1.0, periodic=60.0)
-    d.submit(make_job("j").cpu("1").build())
+    d.submit(make_job("j").cpu("1").replicas(3).min_member(1).build())
     (u,) = units(d.next_batches())
-    d.on_unschedulable([unschedulable(u, settling=settling)])
+    if partly_placed:
+        d.on_reply(accept_tasks("j", [0]))
+        d.on_unschedulable([unschedulable(u, [1, 2], settling=settling)])
+    else:
+        d.on_unschedulable([unschedulable(u, settling=settling)])
     assert d.waiting_count() == (1 if settling else 0)
     clock.advance(1.0)
     assert len(units(d.next_batches())) == (1 if settling else 0)

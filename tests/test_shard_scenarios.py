@@ -668,16 +668,17 @@ def test_a_placement_awaiting_the_binder_is_never_a_victim() -> None:
 
 
 @pytest.mark.parametrize(
-    ("in_flight_priority", "bound", "settling"),
+    ("in_flight_priority", "keep_cpu", "bound", "settling"),
     [
-        (1, [], True),  # the lower-priority task in the way awaits the binder: a victim once bound
-        (100, [], False),  # an equal-priority task in flight is no victim either way
-        (1, [("other", 1)], False),  # a bound task is evicted instead: no verdict to revisit
+        (1, 0, [], True),  # the lower-priority task in the way awaits the binder: a victim once bound
+        (100, 0, [], False),  # an equal-priority task in flight is no victim either way
+        (1, 0, [("other", 1)], False),  # a bound task is evicted instead: no verdict to revisit
+        (1, 2, [], False),  # evicting it would not be enough (2 CPUs stay taken): no hope, no retry
     ],
-    ids=["lower-in-flight", "equal-in-flight", "bound-victim-found"],
+    ids=["lower-in-flight", "equal-in-flight", "bound-victim-found", "not-enough-even-so"],
 )
 def test_an_unschedulable_verdict_held_back_by_victims_in_flight_is_marked_settling(
-    in_flight_priority: int, bound: list[tuple[str, int]], settling: bool
+    in_flight_priority: int, keep_cpu: int, bound: list[tuple[str, int]], settling: bool
 ) -> None:
     # The dispatcher retries a settling verdict after its backoff even on an unchanged cluster: the
     # binder binding "low" is no change that wakes dormant jobs, yet it makes "high" placeable.
@@ -685,8 +686,10 @@ def test_an_unschedulable_verdict_held_back_by_victims_in_flight_is_marked_settl
         make_node(f"b{i}").cpu("8").build() for i, _ in enumerate(bound)
     ]
     running = [(make_job(j).cpu("8").priority(p).build(), 0, f"b{i}", ()) for i, (j, p) in enumerate(bound)]
+    if keep_cpu:
+        running.append((make_job("keep").cpu(str(keep_cpu)).priority(200).build(), 0, "n", ()))
     shard = shard_with(nodes, running)
-    low = make_job("low").cpu("8").priority(in_flight_priority).build()
+    low = make_job("low").cpu(str(8 - keep_cpu)).priority(in_flight_priority).build()
     high = make_job("high").cpu("8").priority(100).build()
     out = run_units(shard, [low, high])
     if bound:
@@ -1139,4 +1142,37 @@ def test_an_answer_for_an_earlier_attempt_does_not_settle_the_one_held_now() -> 
     shard.apply_reply(BindReply([AcceptedUnit("j", [bound], 5.0)], [], [], [change], 3))
     shard.apply_reply(BindReply([], [RejectedUnit("j", (1,), "no room", "resources_fit")], [], [], 3))
     expected = shard_with(nodes, [(job, bound.task_index, bound.node, ())], start_times={"j": 5.0})
+    assert arrays_view(shard.state) == arrays_view(expected.state)
+
+
+@pytest.mark.parametrize("answer", ["rejected", "accepted"])
+def test_a_victim_released_while_its_eviction_awaits_the_binder_stays_released(answer: str) -> None:
+    """Pipelined rounds: "high" plans to evict "low"; before the binder answers, a reply for an
+    earlier batch says "low" was released (another shard's preemptor took it). The eviction is
+    then moot, and answering "high" must not put "low" back into the view: a resident that the
+    binder no longer has would make the shard see the node full (or a GPU taken) for ever."""
+    from gosched.binder.state import arrays_view
+    from gosched.common.messages import AcceptedUnit, TaskBound, TaskReleased
+
+    low = make_job("low").cpu("8").priority(1).build()
+    shard = shard_with([make_node("n").cpu("8").build()], [(low, 0, "n", ())])
+    out = run_units(shard, [make_job("high").cpu("8").priority(100).build()])
+    (placement,) = out.proposals[0].placements
+    assert placement.victims == ("low/0",)
+    shard.sync([TaskReleased("low/0", "preempted")], shard.version + 1)  # the earlier batch's reply
+    if answer == "rejected":
+        reason = "victim low/0 is no longer bound"
+        shard.apply_reply(
+            BindReply([], [RejectedUnit("high", (0,), reason, "victims_valid")], [], [], shard.version)
+        )
+        expected = shard_with([make_node("n").cpu("8").build()])
+    else:  # the binder's changes for it: its binding (the victim's release came already)
+        bound = TaskBound("n", Resident.for_task(out.proposals[0].job, 0, (), 1000.0))
+        reply = BindReply([AcceptedUnit("high", [placement], 1000.0)], [], [], [bound], shard.version + 1)
+        shard.apply_reply(reply)
+        job = out.proposals[0].job
+        expected = shard_with(
+            [make_node("n").cpu("8").build()], [(job, 0, "n", ())], start_times={"high": 1000.0}
+        )
+    assert "low/0" not in shard.state.task_row
     assert arrays_view(shard.state) == arrays_view(expected.state)
