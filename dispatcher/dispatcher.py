@@ -72,7 +72,7 @@ assert SCHEDULED in LEGAL[PENDING]
 PERSISTED = frozenset({PENDING, CANCELLED})
 
 Updates = list[tuple[str, TaskState]]
-# The trust epoch of a verdict that will not hold: no cluster epoch equals it, so the job is retried
+# The park epoch of a verdict that will not hold: no cluster epoch equals it, so the job is retried
 # when its backoff ends whether or not anything changed (a Unschedulable marked settling).
 UNTRUSTED = -1
 
@@ -367,18 +367,18 @@ class Dispatcher:
             if rec is None:
                 continue
             rec.diagnosis = item.diagnosis
-            if item.settling and item.attempt == rec.attempt and rec.where is Where.PARKED:
-                # A gang placed in part: the reply parked it already, trusting the verdict.
-                rec.park_epoch = UNTRUSTED
-            if rec.where is not Where.INFLIGHT or item.attempt != rec.attempt:
+            if item.attempt != rec.attempt:
                 continue  # an answer for an attempt that is no longer out
-            states = rec.states
-            self._apply(rec, [(i, PENDING) for i in item.task_indexes if states[i] is SCHEDULED], updates)
-            rec.unsched = True
-            if item.settling:  # the verdict may change once the shard's placements are answered
-                rec.trust_epoch = UNTRUSTED
-            if not rec.n_scheduled:
-                self._resolve(rec, now, backoff=True)
+            if rec.where is Where.INFLIGHT:
+                states = rec.states
+                self._apply(rec, [(i, PENDING) for i in item.task_indexes if states[i] is SCHEDULED], updates)
+                rec.unsched = True
+                if not rec.n_scheduled:
+                    self._resolve(rec, now, backoff=True)
+            if item.settling and rec.where is Where.PARKED:
+                # Parked just now (or by the reply, for a gang placed in part); the verdict may
+                # change once the shard's placements are answered: retry when the backoff ends.
+                rec.park_epoch = UNTRUSTED
         if self.store is not None and updates:
             self.store.set_task_states(updates)
 
