@@ -281,7 +281,7 @@ class Binder:
         now = self.clock()
         proposals = batch.proposals
         writes = _Writes()
-        reply = BindReply([], [], [], [], self.version)
+        reply = BindReply([], [], [], [], self.version, shard_id=batch.shard_id)
         changes: list[Change] = []
         clean = find_clean(self.truth, proposals) if self.vectorised and proposals else []
         if len(clean) == len(proposals):

@@ -164,3 +164,4 @@ class BindReply:
     changes: list[Change]
     version: int
     resync: bool = False  # changes is a full snapshot: drop the cached view first
+    shard_id: int = -1  # the shard whose batch this answers (-1: not from a shard's batch)

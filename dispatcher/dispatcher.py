@@ -73,7 +73,8 @@ PERSISTED = frozenset({PENDING, CANCELLED})
 
 Updates = list[tuple[str, TaskState]]
 # The park epoch of a verdict that will not hold: no cluster epoch equals it, so the job is retried
-# when its backoff ends whether or not anything changed (a Unschedulable marked settling).
+# when its backoff ends whether or not anything changed (a Unschedulable marked settling, or one a
+# shard took while the binder was refusing some of its placements).
 UNTRUSTED = -1
 
 
@@ -111,6 +112,8 @@ class Dispatcher:
         self._partition_version = self.partitions.version
         self._shard_load: list[int] = []  # units in flight per shard
         self._shard_epoch: list[int] = []  # cluster epoch when each shard was last sent a batch
+        # Per shard: did its previous and its latest reply refuse any placement? (see on_unschedulable)
+        self._shard_refused: list[tuple[bool, bool]] = []
         self._inflight_by_shard: list[dict[str, JobRecord]] = []
         self._waiting = 0  # jobs queued, backing off or dormant
         self._inflight = 0  # units in flight
@@ -315,6 +318,9 @@ class Dispatcher:
         updates: Updates = []
         orphans: list[str] = []
         jobs = self._jobs
+        shard = reply.shard_id
+        if 0 <= shard < len(self._shard_refused):
+            self._shard_refused[shard] = (self._shard_refused[shard][1], bool(reply.rejected))
         for acc in reply.accepted:
             rec = jobs.get(acc.job_id)
             if rec is None:
@@ -375,12 +381,24 @@ class Dispatcher:
                 rec.unsched = True
                 if not rec.n_scheduled:
                     self._resolve(rec, now, backoff=True)
-            if item.settling and rec.where is Where.PARKED:
+            if rec.where is Where.PARKED and (item.settling or self._refused_near(rec.last_shard)):
                 # Parked just now (or by the reply, for a gang placed in part); the verdict may
                 # change once the shard's placements are answered: retry when the backoff ends.
                 rec.park_epoch = UNTRUSTED
         if self.store is not None and updates:
             self.store.set_task_states(updates)
+
+    def _refused_near(self, shard: int) -> bool:
+        """Whether the binder refused placements of `shard` in its latest reply or the one before.
+
+        A shard judges a unit unschedulable against a view that holds its own placements still
+        awaiting the binder: those of the same batch, and, with pipelined rounds, those of the
+        batch before (planned-on but not yet answered). A refused placement frees room in that
+        view, yet the binder changed nothing, so no cluster change would wake a job parked on such
+        a verdict: it is not trusted, and the job retries when its backoff ends. The reports come
+        reply first, then the batch's verdicts, so the two latest replies are those two batches'.
+        """
+        return 0 <= shard < len(self._shard_refused) and any(self._shard_refused[shard])
 
     def on_released(self, task_ids: Iterable[str], final_state: TaskState) -> None:
         """Tasks that stopped holding resources: finished (succeeded, failed, cancelled), or back to
@@ -632,6 +650,7 @@ class Dispatcher:
         while len(self._shard_load) < n:
             self._shard_load.append(0)
             self._shard_epoch.append(self._epoch)
+            self._shard_refused.append((False, False))
             self._inflight_by_shard.append({})
 
     # -- restart -----------------------------------------------------------------------------------------

@@ -302,7 +302,11 @@ class BinderCore:
         assert isinstance(batch, ProposalBatch)
         reply = self.binder.commit(batch, with_changes=False)  # the changes go as packed segments
         self.commits += 1
-        verdicts = wire.pack(BindReply(reply.accepted, reply.rejected, reply.evicted, [], reply.version))
+        verdicts = wire.pack(
+            BindReply(
+                reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
+            )
+        )
         self.dispatcher.report.remote(verdicts, wire.pack(batch.unschedulable), self.incarnation)
         segments, version, resync = self.packed.since(self.binder, batch.seen_version)
         self.busy_s += time.perf_counter() - t0

@@ -4,7 +4,7 @@ import pytest
 
 from gosched.common.config import QueueConfig
 from gosched.common.errors import IllegalTransition, SpecError
-from gosched.common.messages import AcceptedUnit, BindReply, Eviction, Placement
+from gosched.common.messages import AcceptedUnit, BindReply, Eviction, Placement, RejectedUnit
 from gosched.common.states import JobState, TaskState
 from gosched.dispatcher import Dispatcher
 from gosched.dispatcher.dispatcher import backoff_delay
@@ -215,6 +215,36 @@ def test_a_settling_verdict_is_retried_after_its_backoff_without_any_change(
     assert d.waiting_count() == (1 if settling else 0)
     clock.advance(1.0)
     assert len(units(d.next_batches())) == (1 if settling else 0)
+
+
+@pytest.mark.parametrize(
+    ("refusals", "retried"),
+    [
+        # (shard of each reply before the verdict's, whether it refused anything), last one is
+        # the reply to the verdict's own batch
+        ([(0, True)], True),  # a placement of the same batch refused
+        ([(0, True), (0, False)], True),  # one of the batch before (pipelined: still assumed)
+        ([(0, True), (0, False), (0, False)], False),  # answered before the batch was planned
+        ([(1, True)], False),  # another shard's refusals freed nothing in this shard's view
+        ([(0, False)], False),
+    ],
+)
+def test_a_verdict_taken_beside_refused_placements_is_retried_after_its_backoff(
+    refusals: list[tuple[int, bool]], retried: bool
+) -> None:
+    # The refused placements held room in the shard's view when it judged the unit; the binder
+    # never applied them, so no cluster change will come to wake a job parked on that verdict.
+    d, clock = dispatcher(shards=2, backoff=1.0, backoff_max=1.0, periodic=60.0)
+    d.submit(make_job("j").cpu("1").build())
+    (b,) = d.next_batches(shard_loads=[0, 1])
+    assert b.shard_id == 0
+    for shard, refused in refusals:
+        refusal = [RejectedUnit("other", (0,), "gpus taken", "gpus_free")] if refused else []
+        d.on_reply(BindReply([], refusal, [], [], 1, shard_id=shard))
+    d.on_unschedulable([unschedulable(b.units[0])])
+    assert d.waiting_count() == (1 if retried else 0)
+    clock.advance(1.0)
+    assert job_ids(d.next_batches()) == (["j"] if retried else [])
 
 
 def test_a_change_during_the_backoff_still_waits_for_the_backoff():

@@ -80,8 +80,12 @@ def accept_tasks(job_id: str, indexes: Iterable[int], node: str = "n1") -> BindR
     return BindReply([AcceptedUnit(job_id, [Placement(i, node) for i in indexes], 0.0)], [], [], [], 1)
 
 
-def reject(us: Iterable[Unit], reason: str = "node full", stage: str = "resources") -> BindReply:
-    return BindReply([], [RejectedUnit(u.job.id, u.task_indexes, reason, stage) for u in us], [], [], 1)
+def reject(
+    us: Iterable[Unit], reason: str = "node full", stage: str = "resources", *, shard: int = -1
+) -> BindReply:
+    """The binder refuses every unit (of the batch of `shard`, if given)."""
+    rejected = [RejectedUnit(u.job.id, u.task_indexes, reason, stage) for u in us]
+    return BindReply([], rejected, [], [], 1, shard_id=shard)
 
 
 def evict(*victims: tuple[str, int], preemptor: str = "p") -> BindReply:

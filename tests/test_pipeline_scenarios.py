@@ -54,6 +54,33 @@ def test_a_higher_priority_job_in_the_same_batch_preempts_once_the_lower_is_boun
     assert p.dispatcher.task_states("low") == [TaskState.PENDING]
 
 
+def test_a_job_judged_beside_a_refused_gang_is_retried_without_a_cluster_change(tmp_path: Path) -> None:
+    # Shard 1 plans gang "g" over both nodes, so "b" fits nowhere in its view. Shard 0 binds "c"
+    # on n2 first, and the binder refuses the gang whole: n1 was free all along, yet nothing the
+    # binder did made room, so no change wakes "b". Its verdict must not be trusted.
+    n1, n2 = make_node("n1").cpu("2").mem("2Gi").build(), make_node("n2").cpu("3").mem("2Gi").build()
+    p = pipeline(tmp_path, [n1, n2], shards=2, unschedulable_retry_s=3600.0)
+    d, binder = p.dispatcher, p.binder
+    p.submit_many([make_job(f"warm-{i}").mem("1Gi").build() for i in range(2)])
+    p.run_until_idle()  # each shard has had a batch since the cluster last changed
+    p.submit(make_job("c").cpu("3").build())
+    (to_0,) = d.next_batches(shard_loads=[0, 1 << 40])
+    p.submit_many([make_job("g").cpu("2").replicas(2).min_member(2).build(), make_job("b").cpu("2").build()])
+    (to_1,) = d.next_batches(shard_loads=[1 << 40, 0])
+    assert (to_0.shard_id, to_1.shard_id) == (0, 1)
+    planned_0, planned_1 = p.shards[0].schedule(to_0), p.shards[1].schedule(to_1)
+    assert [u.job_id for u in planned_1.unschedulable] == ["b"]
+    for planned in (planned_0, planned_1):
+        reply = binder.commit(planned)
+        p.shards[planned.shard_id].apply_reply(reply)
+        d.on_reply(reply)
+        d.on_unschedulable(planned.unschedulable)
+    assert [r.job_id for r in reply.rejected] == ["g"]
+    p.run_until_idle(wait_backoff=True)
+    assert bound_node(p, "c/0") == "n2" and bound_node(p, "b/0") == "n1"
+    assert d.job_state("g") == JobState.PENDING
+
+
 def test_spark_gang_waits_whole_then_binds_all(tmp_path: Path) -> None:
     # Room for the driver (2 CPU) and 3 executors (4 CPU each).
     p = pipeline(tmp_path, [make_node("a").cpu("8").build(), make_node("b").cpu("6").build()], shards=2)
