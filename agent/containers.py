@@ -18,6 +18,7 @@ from pathlib import Path
 RUNTIMES = ("docker", "podman")
 NO_RUNTIME = "no container runtime (docker or podman) on this node"
 PROBE_TIMEOUT_S = 10.0
+RUNTIME_PROBE_S = 60.0  # how often a running agent probes its runtime again (a daemon may come or go)
 
 
 def probe_runtime(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:

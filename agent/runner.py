@@ -6,7 +6,9 @@
 Three threads: the link (Register + the Connect stream, reconnecting; launches and kills arrive
 there), the worker (every TICK_S: notices exits, restarts services, ships logs, final statuses and
 heartbeats into the outbox), and the caller's, which waits for stop() and then shuts down: kills
-the tasks with a grace period, lets their last output and statuses go out, and returns.
+the tasks with a grace period, lets their last output and statuses go out, and returns. A fourth,
+while a container runtime is configured or looked for, probes it again now and then: a docker
+daemon that starts or stops after the agent does changes what the node can run.
 """
 
 import contextlib
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gosched.agent import cgroups
-from gosched.agent.containers import NO_RUNTIME, find_runtime, probe_runtime, runtime_kind
+from gosched.agent.containers import NO_RUNTIME, RUNTIME_PROBE_S, find_runtime, probe_runtime, runtime_kind
 from gosched.agent.discovery import discover, load_nvml
 from gosched.agent.executor import ShellExecutor
 from gosched.agent.link import MasterLink
@@ -75,13 +77,15 @@ class AgentRunner:
         cpu_milli: int | None = None,
         memory: int | None = None,
         container_runtime: str | None = AUTO,
+        runtime_probe_s: float = RUNTIME_PROBE_S,
         shutdown_grace_s: float = 10.0,
         echo: Callable[[str], None] | None = None,
         nvml: Any = AUTO,
     ) -> None:
         """`cpu_milli` / `memory` advertise less than the machine has; `container_runtime` is the
-        docker/podman program for tasks with an image (AUTO: look on PATH, None: none); `nvml` an
-        initialised pynvml-like module (AUTO: load pynvml, None: a CPU-only node)."""
+        docker/podman program for tasks with an image (AUTO: look on PATH, None: none), probed
+        again every `runtime_probe_s` seconds (0: only at start); `nvml` an initialised
+        pynvml-like module (AUTO: load pynvml, None: a CPU-only node)."""
         self.master = master
         self.name = name or socket.gethostname()
         self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir(self.name)
@@ -90,17 +94,14 @@ class AgentRunner:
         self._nvml: Any
         self._nvml, nvml_status = load_nvml() if nvml is AUTO else (nvml, "given" if nvml else "none given")
         self.machine = discover(self._nvml, nvml_status)
-        # A runtime is used only if it works (probed once, here): found on PATH or given.
-        if container_runtime == AUTO:
-            self.container_runtime, self.no_runtime_reason = find_runtime()
-        elif container_runtime is None:
-            self.container_runtime, self.no_runtime_reason = None, "none configured"
-        else:
-            why = probe_runtime(container_runtime)
-            self.container_runtime = None if why else container_runtime
-            self.no_runtime_reason = why or ""
+        # A runtime is used only if it works: found on PATH or given, probed here and then every
+        # runtime_probe_s (see _watch_runtime).
+        self._runtime_choice = container_runtime
+        self.runtime_probe_s = runtime_probe_s
+        self.container_runtime, self.no_runtime_reason = _working_runtime(container_runtime)
+        self._labels = dict(labels or {})  # the operator's: they win over what the agent finds
         found = {RUNTIME_LABEL: runtime_kind(self.container_runtime)} if self.container_runtime else {}
-        node = self.machine.to_node(self.name, {**found, **(labels or {})}, tuple(taints))
+        node = self.machine.to_node(self.name, {**found, **self._labels}, tuple(taints))
         if cpu_milli is not None:
             node = replace(node, cpu_milli=cpu_milli)
         if memory is not None:
@@ -138,6 +139,8 @@ class AgentRunner:
             link = threading.Thread(target=self._link.run, name="agent-link", daemon=True)
             worker.start()
             link.start()
+            if self._runtime_choice is not None and self.runtime_probe_s > 0:
+                threading.Thread(target=self._watch_runtime, name="agent-runtime", daemon=True).start()
             try:
                 while not self._stop.wait(0.5):
                     pass
@@ -269,6 +272,39 @@ class AgentRunner:
             self._outbox.put(agent_pb2.AgentMessage(task_status=status))
         self._held.clear()
 
+    # -- the container runtime's prober ----------------------------------------------------------------
+    def _watch_runtime(self) -> None:
+        while not self._done.wait(self.runtime_probe_s):
+            try:
+                self._runtime_probed(*_working_runtime(self._runtime_choice))
+            except Exception:  # keep probing whatever one probe hit
+                log.exception("probing the container runtime failed")
+
+    def _runtime_probed(self, runtime: str | None, why: str) -> None:
+        """Take a probe's answer: tasks with an image use (or fail without) the runtime from now
+        on, and if that changes what the node offers, the master is told its new labels."""
+        with self._lock:
+            had = self.container_runtime
+            if (runtime, why) == (had, self.no_runtime_reason):
+                return
+            self.container_runtime, self.no_runtime_reason = runtime, why
+            if self._tasks is not None:
+                self._tasks.container_runtime = runtime
+                self._tasks.no_runtime = f"{NO_RUNTIME} ({why})"
+            labels = dict(self.node.labels)
+            if RUNTIME_LABEL not in self._labels:
+                labels.pop(RUNTIME_LABEL, None)
+                if runtime is not None:
+                    labels[RUNTIME_LABEL] = runtime_kind(runtime)
+            relabelled = labels != dict(self.node.labels)
+            if relabelled:
+                self.node = replace(self.node, labels=tuple(sorted(labels.items())))
+                self._outbox.put(agent_pb2.AgentMessage(node_update=node_to_proto(self.node)))
+        if runtime is not None and runtime != had:
+            self.echo(f"container runtime {runtime} works now: tasks with an image can run here")
+        elif runtime is None and had is not None:
+            self.echo(f"tasks with an image cannot run here any more: {why}")
+
     def _heartbeat(self, running: list[str]) -> agent_pb2.AgentMessage:
         beat = agent_pb2.Heartbeat(time=time.time(), usage=self._usage.sample(), running_task_ids=running)
         return agent_pb2.AgentMessage(heartbeat=beat)
@@ -341,3 +377,14 @@ def _exclusive(path: Path) -> Iterator[None]:
         yield
     finally:
         handle.close()
+
+
+def _working_runtime(choice: str | None) -> tuple[str | None, str]:
+    """(the container runtime to use, or None; and if None, why): AUTO looks on PATH, None is
+    none configured, anything else is the program to probe."""
+    if choice == AUTO:
+        return find_runtime()
+    if choice is None:
+        return None, "none configured"
+    why = probe_runtime(choice)
+    return (None, why) if why else (choice, "")

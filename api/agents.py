@@ -36,7 +36,7 @@ from gosched.api.logs import LogStore
 from gosched.api.service import SchedulerService
 from gosched.common.errors import SpecError
 from gosched.common.job import JobKind, split_task_id
-from gosched.common.node import AGENT_LABEL, AGENT_MAX_BACKOFF_S, NodeState
+from gosched.common.node import AGENT_LABEL, AGENT_MAX_BACKOFF_S, Node, NodeState
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import TaskState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
@@ -78,6 +78,7 @@ class _Reports:
     # Ended tasks leave their session's `sent` only once the end is applied (in the same tick as
     # the release), or a reconcile in between would see them resident and not sent: a relaunch.
     ended: list[tuple[AgentSession, str]] = field(default_factory=list)
+    nodes: dict[str, Node] = field(default_factory=dict)  # the latest node update per agent's node
 
 
 class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
@@ -119,8 +120,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node: {exc}")
         if not self.service.ready:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not ready")
-        labels = {**dict(node.labels), AGENT_LABEL: "true"}
-        node = replace(node, labels=tuple(sorted(labels.items())))
+        node = _as_agent_node(node)
         with self.service._changed:  # the tick (liveness) cannot run in between: same lock
             control = self.service.control
             known = control.nodes([node.name])
@@ -190,12 +190,24 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         body = msg.WhichOneof("body")
         if body == "task_status":
             self._on_status(session, msg.task_status)
+        elif body == "node_update":
+            self._on_node_update(session, msg.node_update)
         elif body == "log":
             chunk = msg.log
             try:
                 self.logs.write(chunk.task_id, chunk.stream or "stdout", chunk.offset, chunk.data)
             except ValueError as exc:
                 log.warning("agent %s sent a bad log chunk: %s", session.node, exc)
+
+    def _on_node_update(self, session: AgentSession, update: Any) -> None:
+        try:
+            node = convert.node_from_proto(update)
+        except (SpecError, ValueError) as exc:
+            log.warning("agent %s sent a bad node update: %s", session.node, exc)
+            return
+        with self._lock:  # the name is the session's: an agent speaks for its own node only
+            self._reports.nodes[session.node] = _as_agent_node(replace(node, name=session.node))
+        self.service._wake.set()
 
     def _on_status(self, session: AgentSession, status: Any) -> None:
         state = convert.task_state_from_proto(status.state)
@@ -233,9 +245,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
     def _apply(self, control: ControlPlane, r: _Reports) -> bool:
         """Apply the reports about tasks still placed on the node that reported them; a report
         about a task placed elsewhere by now (or not at all) is about an older run: dropped."""
+        relabelled = self._update_nodes(control, r.nodes)
         reported = [*r.started, *r.lost, *(x for xs in r.finished.values() for x in xs)]
         if not reported:
-            return False
+            return relabelled
         placed = control.residents(sorted({node for node, _ in reported}))
 
         def here(items: list[tuple[str, str]]) -> list[str]:
@@ -254,6 +267,19 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             for session, tid in r.ended:
                 session.sent.discard(tid)
         return True
+
+    @staticmethod
+    def _update_nodes(control: ControlPlane, updates: dict[str, Node]) -> bool:
+        """Nodes whose agents see them changed (labels: a container runtime started or stopped).
+        The node keeps its state: a cordon, a drain or a loss is not the agent's to lift."""
+        if not updates:
+            return False
+        known = {snap.node.name: snap.node for snap in control.nodes(sorted(updates))}
+        changed = [replace(node, state=known[name].state) for name, node in updates.items() if name in known]
+        changed = [node for node in changed if node != known[node.name]]
+        if changed:
+            control.add_nodes(changed)
+        return bool(changed)
 
     def _adopt_known_nodes(self, control: ControlPlane, now: float) -> None:
         """After a restart: nodes of agents that have not reconnected yet get the node timeout to do
@@ -372,3 +398,9 @@ def _kill_reason(tid: str, snap: JobSnapshot | None) -> str:
     if state in (TaskState.PREEMPTED, TaskState.PENDING, TaskState.SCHEDULED):
         return "preempted"
     return "released"
+
+
+def _as_agent_node(node: Node) -> Node:
+    """The node as the master keeps it for an agent: marked with AGENT_LABEL."""
+    labels = {**dict(node.labels), AGENT_LABEL: "true"}
+    return replace(node, labels=tuple(sorted(labels.items())))

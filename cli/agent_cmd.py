@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gosched.agent.containers import RUNTIME_PROBE_S
 from gosched.common.node import Taint, TaintEffect
 from gosched.common.quantity import parse_bytes, parse_milli
 
@@ -69,6 +70,13 @@ def register(app: typer.Typer) -> None:
         grace: Annotated[
             float, typer.Option(help="Seconds a task has to exit on SIGTERM when the agent stops.")
         ] = 10.0,
+        runtime_probe: Annotated[
+            float,
+            typer.Option(
+                min=0.0,
+                help="Seconds between checks that docker/podman still works (0: only at start).",
+            ),
+        ] = RUNTIME_PROBE_S,
     ) -> None:
         """Run the node agent: register this machine with the master and run the tasks bound to it."""
         from gosched.agent.runner import AgentRunner, WorkDirBusy
@@ -82,6 +90,7 @@ def register(app: typer.Typer) -> None:
                 taints=parse_taints(taints),
                 cpu_milli=None if cpus is None else parse_milli(cpus, "--cpus"),
                 memory=None if memory is None else parse_bytes(memory, "--memory"),
+                runtime_probe_s=runtime_probe,
                 shutdown_grace_s=grace,
                 echo=typer.echo,
             )

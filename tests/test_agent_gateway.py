@@ -15,7 +15,7 @@ from gosched import Client
 from gosched.api import convert
 from gosched.api.server import ServerHandle, serve
 from gosched.common.config import Settings
-from gosched.common.node import RUNTIME_LABEL, NodeState, make_node
+from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, NodeState, make_node
 from gosched.common.states import JobState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
@@ -131,6 +131,34 @@ def test_a_cordon_outlives_the_loss_of_the_node(master: ServerHandle) -> None:
             assert client.node("c1").state is NodeState.CORDONED
         finally:
             back.close()
+
+
+def test_a_node_update_relabels_the_node_and_keeps_its_cordon(master: ServerHandle) -> None:
+    # The agent's docker daemon stopped, then started again: tasks with an image wait for it.
+    agent = ScriptedAgent(master.target, "u1")
+
+    def update(labels: dict[str, str]) -> None:
+        # named otherwise on purpose: an agent speaks for the node of its session only
+        agent.send(node_update=convert.node_to_proto(make_node("elsewhere", 4000, 8 * 2**30, labels=labels)))
+
+    try:
+        with Client(master.target, timeout=10) as client:
+            client.cordon("u1")
+            update({})
+            wait_for(
+                "the runtime label gone", lambda: RUNTIME_LABEL not in client.node("u1").node.label_dict()
+            )
+            assert client.node("u1").state is NodeState.CORDONED
+            assert client.node("u1").node.label_dict()[AGENT_LABEL] == "true"  # still the agent's node
+            assert [n.name for n in client.nodes()] == ["u1"]
+            client.cordon("u1", uncordon=True)
+            job = client.submit({"id": "img", "cpu": "1", "command": "true", "image": "alpine:3"})
+            wait_for("why pending", lambda: "container runtime" in client.explain(job))
+            assert agent.launches.empty()
+            update({RUNTIME_LABEL: "docker"})
+            assert agent.launches.get(timeout=10).task_id == f"{job}/0"
+    finally:
+        agent.close()
 
 
 def test_a_rerun_replaces_the_last_runs_output(master: ServerHandle) -> None:

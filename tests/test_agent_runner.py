@@ -413,6 +413,36 @@ def test_the_agent_uses_and_advertises_only_a_runtime_that_works(
         assert end.state == FAILED and end.message == f"{NO_RUNTIME} (docker: {DAEMON_DOWN})"
 
 
+def test_a_runtime_that_starts_or_stops_working_later_is_noticed(
+    master: FakeMaster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The docker daemon is down when the agent starts, comes up, then goes down again.
+    up = tmp_path / "daemon-up"
+    fake_runtime(tmp_path / "bin", "docker", f"[ -e {up} ] || {{ echo '{DAEMON_DOWN}' >&2; exit 1; }}")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+
+    def labels_sent() -> list[dict[str, str]]:
+        bodies = [m for m in master.messages() if m.WhichOneof("body") == "node_update"]
+        return [dict(m.node_update.labels) for m in bodies]
+
+    with running_agent(master.address, tmp_path / "agent", runtime_probe_s=0.1):
+        (reg,) = wait_for("a registration", lambda: master.registrations)
+        assert RUNTIME_LABEL not in reg.node.labels
+        master.launch("img/0", ["true"], image="alpine:3")
+        assert master.wait_final("img/0").message == f"{NO_RUNTIME} (docker: {DAEMON_DOWN})"
+        up.touch()
+        wait_for("the node relabelled", lambda: [u.get(RUNTIME_LABEL) for u in labels_sent()] == ["docker"])
+        master.launch("img/1", ["true"], image="alpine:3")
+        assert master.wait_final("img/1").state == SUCCEEDED
+        up.unlink()
+        wait_for("the label taken back", lambda: len(labels_sent()) == 2)
+        assert RUNTIME_LABEL not in labels_sent()[1]
+        assert labels_sent()[1] == dict(reg.node.labels)  # nothing else changed
+        master.launch("img/2", ["true"], image="alpine:3")
+        assert master.wait_final("img/2").message == f"{NO_RUNTIME} (docker: {DAEMON_DOWN})"
+    assert len(master.registrations) == 1  # told on the stream, not by registering again
+
+
 FAKE_DOCKER = """#!/bin/sh
 # Stands in for docker: records its calls, prints the arguments of `run`, fails for a missing image.
 echo "$1" >> "$(dirname "$0")/calls"

@@ -74,18 +74,20 @@ class TaskStatus(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("node_name", "session_id", "heartbeat", "task_status", "log")
+    __slots__ = ("node_name", "session_id", "heartbeat", "task_status", "log", "node_update")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
+    NODE_UPDATE_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     session_id: str
     heartbeat: Heartbeat
     task_status: TaskStatus
     log: _types_pb2.LogChunk
-    def __init__(self, node_name: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., log: _Optional[_Union[_types_pb2.LogChunk, _Mapping]] = ...) -> None: ...
+    node_update: _types_pb2.Node
+    def __init__(self, node_name: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., log: _Optional[_Union[_types_pb2.LogChunk, _Mapping]] = ..., node_update: _Optional[_Union[_types_pb2.Node, _Mapping]] = ...) -> None: ...
 
 class LaunchTask(_message.Message):
     __slots__ = ("task_id", "job_id", "index", "role", "command", "env", "cpu_milli", "memory", "gpus", "attempt", "service", "image")
