@@ -54,7 +54,7 @@ def sample_messages(tasks: int) -> dict[str, object]:
             TaskBound(p.node, Resident.for_task(j, 0, (), now)) for j, p in zip(jobs, placements, strict=True)
         ],
         "verdicts (binder -> shard, dispatcher)": BindReply(
-            [AcceptedUnit(j.id, [p], now) for j, p in zip(jobs, placements, strict=True)], [], [], [], 9
+            [AcceptedUnit.of(j.id, 0, [p], now) for j, p in zip(jobs, placements, strict=True)], [], [], [], 9
         ),
     }
 

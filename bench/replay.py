@@ -97,7 +97,8 @@ def replay_once(
             (placement,) = batch.proposals[0].placements
             version += 1
             bound = TaskBound(placement.node, Resident.for_task(job, 0, placement.gpus, 0.0))
-            shard.apply_reply(BindReply([AcceptedUnit(job.id, [placement], 0.0)], [], [], [bound], version))
+            accepted = AcceptedUnit.of(job.id, 0, [placement], 0.0)
+            shard.apply_reply(BindReply([accepted], [], [], [bound], version))
         arrived += task.gpu_demand
         while pending_levels and arrived >= pending_levels[0] * total:
             out[pending_levels.pop(0)] = allocation_ratio(shard)

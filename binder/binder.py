@@ -352,14 +352,16 @@ class Binder:
         for unit in clean:
             p = proposals[unit.index]
             job = p.job
-            placements = p.placements
-            for pl in placements:  # unit.rows holds their rows, in the same order
-                r = make_resident(job, pl.task_index, pl.gpus, now)
+            indexes: list[int] = []
+            for pl in p.placements:  # unit.rows holds their rows, in the same order
+                idx = pl.task_index
+                r = make_resident(job, idx, pl.gpus, now)
                 residents.append(r)
                 changes.append(TaskBound(pl.node, r))
                 binds.append((r.task_id, pl.node, pl.gpus))
+                indexes.append(idx)
             all_rows.extend(unit.rows)
-            accepted.append(AcceptedUnit(job.id, placements, now))
+            accepted.append(AcceptedUnit(job.id, p.attempt, tuple(indexes), now))  # clean: no victims
             ends.append(len(changes))
         self.truth.place_many(all_rows, residents)
         return ends
@@ -411,7 +413,7 @@ class Binder:
             scope.placed.add(r.task_id)
             out.changes.append(TaskBound(pl.node, r))
             writes.bind(r.task_id, pl.node, pl.gpus)
-        out.accepted = AcceptedUnit(job.id, [c.placement for c in alive], now)
+        out.accepted = AcceptedUnit.of(job.id, proposal.attempt, [c.placement for c in alive], now)
         return out
 
     def _evict(

@@ -4,6 +4,7 @@ They are plain dataclasses so that the same objects travel in one process (the p
 serialised, between Ray actors. All traffic is batched: one message carries many units.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gosched.common.cluster_state import Resident
@@ -132,9 +133,24 @@ Change = NodeUpserted | NodeRemoved | TaskBound | TaskReleased
 @fast_pickle
 @dataclass(slots=True)
 class AcceptedUnit:
+    """The binder bound these tasks of one proposal, in the proposal's order. The placements are
+    not sent back (the shard that proposed them holds them); the dispatcher needs the task indexes
+    and, to tell whether an eviction made room, the victims each bound task named."""
+
     job_id: str
-    placements: list[Placement]
+    attempt: int  # the proposal's: a shard that holds a later attempt of the job tells them apart
+    task_indexes: tuple[int, ...]
     bind_time: float
+    victims: tuple[tuple[str, ...], ...] = ()  # one entry per task index, if any placement named victims
+
+    @classmethod
+    def of(
+        cls, job_id: str, attempt: int, placements: Sequence[Placement], bind_time: float
+    ) -> "AcceptedUnit":
+        """The answer for `placements` of attempt `attempt`, all bound."""
+        indexes = tuple([p.task_index for p in placements])
+        victims = tuple([p.victims for p in placements]) if any(p.victims for p in placements) else ()
+        return cls(job_id, attempt, indexes, bind_time, victims)
 
 
 @fast_pickle

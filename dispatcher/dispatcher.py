@@ -324,16 +324,16 @@ class Dispatcher:
         for acc in reply.accepted:
             rec = jobs.get(acc.job_id)
             if rec is None:
-                orphans.extend(task_id(acc.job_id, p.task_index) for p in acc.placements)
+                orphans.extend(task_id(acc.job_id, i) for i in acc.task_indexes)
                 continue
             states = rec.states
             changes: list[tuple[int, TaskState]] = []
-            for p in acc.placements:
-                st = states[p.task_index]
+            for i in acc.task_indexes:
+                st = states[i]
                 if st is SCHEDULED or st is PENDING:
-                    changes.append((p.task_index, BOUND))
+                    changes.append((i, BOUND))
                 elif st not in HOLDS_RESOURCES:
-                    orphans.append(task_id(rec.job_id, p.task_index))
+                    orphans.append(task_id(rec.job_id, i))
             self._apply(rec, changes, updates)
             if rec.where is Where.INFLIGHT:
                 if rec.n_scheduled:

@@ -51,15 +51,15 @@ def evictions_made_room(reply: BindReply, jobs: Mapping[str, JobRecord]) -> bool
     claimed: set[str] = set()
     for acc in reply.accepted:
         rec = jobs.get(acc.job_id)
-        for p in acc.placements:
-            if not p.victims:
+        for index, victims in zip(acc.task_indexes, acc.victims, strict=False):  # victims: () if none
+            if not victims:
                 continue
             if rec is None:
                 return True  # the preemptor's job is gone: its room is free again
-            gone = [v for v in p.victims if v in evicted]
+            gone = [v for v in victims if v in evicted]
             freed = [_request(jobs, v) for v in gone]
             known = [r for r in freed if r is not None]
-            if len(known) < len(freed) or _exceeds(known, rec.job.group_of(p.task_index).resources):
+            if len(known) < len(freed) or _exceeds(known, rec.job.group_of(index).resources):
                 return True
             claimed.update(gone)
     return len(claimed) < len(evicted)

@@ -164,10 +164,10 @@ class Pipeline:
         s.unschedulable_units += unschedulable
         dispatched = {p.job.id: p.dispatch_time for p in proposals}
         for acc in reply.accepted:
-            s.bound_tasks += len(acc.placements)
+            s.bound_tasks += len(acc.task_indexes)
             started = dispatched.get(acc.job_id)
             if started:
-                s.latencies.extend([acc.bind_time - started] * len(acc.placements))
+                s.latencies.extend([acc.bind_time - started] * len(acc.task_indexes))
 
     def run_until_idle(self, max_rounds: int = 1_000_000, wait_backoff: bool = False) -> int:
         """Run rounds until nothing is dispatched; with wait_backoff, also wait out retry backoff."""

@@ -177,14 +177,14 @@ class DispatcherCore:
         accepted = {a.job_id for a in reply.accepted}
         self.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
         for acc in reply.accepted:
-            self.bound_tasks += len(acc.placements)
+            self.bound_tasks += len(acc.task_indexes)
             self.last_bind = max(self.last_bind, acc.bind_time)
             started = self.dispatched_at.pop(acc.job_id, 0.0)
             if started and len(self.latencies) < LATENCY_KEEP:
-                self.latencies.extend([acc.bind_time - started] * len(acc.placements))
+                self.latencies.extend([acc.bind_time - started] * len(acc.task_indexes))
             if len(self.wait_latencies) < LATENCY_KEEP and acc.job_id in self.dispatcher:
                 submitted = self.dispatcher.job(acc.job_id).submit_time
-                self.wait_latencies.extend([acc.bind_time - submitted] * len(acc.placements))
+                self.wait_latencies.extend([acc.bind_time - submitted] * len(acc.task_indexes))
         for rej in reply.rejected:
             self.dispatched_at.pop(rej.job_id, None)
 
@@ -486,7 +486,7 @@ class ShardCore:
         self.shard.apply_reply(reply)
         self.busy_s += time.perf_counter() - t0
         self.rounds += 1
-        bound = sum(len(a.placements) for a in reply.accepted)
+        bound = sum(len(a.task_indexes) for a in reply.accepted)
         return {
             "idle": False,
             "binder": b_inc,

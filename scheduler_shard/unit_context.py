@@ -43,10 +43,15 @@ class UnitContext:
         self.victims_by_job[resident.job_id] = self.victims_by_job.get(resident.job_id, 0) + 1
 
     def bound_as_planned(self, accepted: AcceptedUnit) -> bool:
-        """The binder bound exactly this attempt's placements, and the attempt evicted nothing: the
-        view already holds what the binder's changes for it will say. (Compared in full, not by
-        count: the answer may be for an earlier attempt of the job than the one held here.)"""
-        return accepted.placements == self.placements and all(a == PLACE for a, _, _ in self.log)
+        """The binder bound every placement of this attempt (the answer may be for an earlier
+        attempt of the job than the one held here), and the attempt evicted nothing: the view
+        already holds what the binder's changes for it will say. The binder binds a placement
+        where it was proposed or not at all, so the task indexes tell."""
+        return (
+            accepted.attempt == self.unit.attempt
+            and accepted.task_indexes == tuple([p.task_index for p in self.placements])
+            and all(a == PLACE for a, _, _ in self.log)
+        )
 
     def drop_stale(self, state: ClusterArrays, task_id: str) -> None:
         """The unit's own task is still resident in this (stale) view: the dispatcher sends only

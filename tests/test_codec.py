@@ -154,13 +154,13 @@ VALUES: list[tuple[str, object]] = [
     ("NodeRemoved", NodeRemoved("gpu-1")),
     ("TaskBound", TaskBound("gpu-1", RESIDENT)),
     ("TaskReleased", TaskReleased("train-1/0", "preempted")),
-    ("AcceptedUnit", AcceptedUnit("train-1", [PLACEMENT], 1.7e9)),
+    ("AcceptedUnit", AcceptedUnit.of("train-1", 0, [PLACEMENT], 1.7e9)),
     ("RejectedUnit", RejectedUnit("train-1", (0, 1), "GPU 2 is not free", "gpu")),
     ("Eviction", Eviction("other/0", "other", 0, "train-1")),
     (
         "BindReply",
         BindReply(
-            accepted=[AcceptedUnit("train-1", [PLACEMENT], 1.0)],
+            accepted=[AcceptedUnit.of("train-1", 0, [PLACEMENT], 1.0)],
             rejected=[RejectedUnit("j", (0,), "r", "s")],
             evicted=[Eviction("other/0", "other", 0, "train-1")],
             changes=[
@@ -249,8 +249,8 @@ def test_tuple_fields_come_back_as_tuples_and_lists_as_lists() -> None:
     reply = decode(encode(dict(VALUES)["BindReply"]))
     assert isinstance(reply, BindReply)
     assert type(reply.accepted) is list
-    assert type(reply.accepted[0].placements[0].gpus) is tuple
-    assert type(reply.accepted[0].placements[0].gpus[0]) is tuple
+    assert type(reply.accepted[0].task_indexes) is tuple
+    assert type(reply.accepted[0].victims[0]) is tuple  # PLACEMENT named victims
     unit = decode(encode(UNIT))
     assert isinstance(unit, Unit)
     assert type(unit.reclaim_from) is frozenset
@@ -370,7 +370,13 @@ changes = st.one_of(
 bind_replies = st.builds(
     BindReply,
     accepted=st.lists(
-        st.builds(AcceptedUnit, job_ids, st.lists(placements, max_size=3), st.floats(allow_nan=False)),
+        st.builds(
+            AcceptedUnit.of,
+            job_ids,
+            st.integers(0, 9),
+            st.lists(placements, max_size=3),
+            st.floats(allow_nan=False),
+        ),
         max_size=3,
     ),
     rejected=st.lists(

@@ -299,7 +299,7 @@ def _swap(victims: dict[str, str], taker: str) -> tuple[bool, bool]:
     claimed = tuple(f"{v}/0" for v in victims if not v.startswith("extra"))
     placement = Placement(0, "n1", victims=claimed)
     evicted = [Eviction(f"{v}/0", v, 0, "p" if v in {c[:-2] for c in claimed} else "") for v in victims]
-    d.on_reply(BindReply([AcceptedUnit(up.job.id, [placement], 0.0)], [], evicted, [], 2))
+    d.on_reply(BindReply([AcceptedUnit.of(up.job.id, 0, [placement], 0.0)], [], evicted, [], 2))
     seen = all(d.task_states(v) == [P] for v in victims)
     return "j" in job_ids(d.next_batches()), seen
 
@@ -538,7 +538,7 @@ def test_cancel_in_flight_unit_then_binder_accepts_it():
 
 def test_bind_for_an_unknown_job_is_an_orphan():
     d, _ = dispatcher()
-    reply = BindReply([AcceptedUnit("ghost", [Placement(0, "n1")], 0.0)], [], [], [], 1)
+    reply = BindReply([AcceptedUnit.of("ghost", 0, [Placement(0, "n1")], 0.0)], [], [], [], 1)
     assert d.on_reply(reply) == ["ghost/0"]
 
 

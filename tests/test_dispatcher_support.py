@@ -72,12 +72,14 @@ def job_ids(batches: Sequence[UnitBatch]) -> list[str]:
 
 def accept(us: Iterable[Unit], node: str = "n1") -> BindReply:
     """The binder accepts every task of every unit."""
-    acc = [AcceptedUnit(u.job.id, [Placement(i, node) for i in u.task_indexes], 0.0) for u in us]
+    acc = [
+        AcceptedUnit.of(u.job.id, u.attempt, [Placement(i, node) for i in u.task_indexes], 0.0) for u in us
+    ]
     return BindReply(acc, [], [], [], 1)
 
 
 def accept_tasks(job_id: str, indexes: Iterable[int], node: str = "n1") -> BindReply:
-    return BindReply([AcceptedUnit(job_id, [Placement(i, node) for i in indexes], 0.0)], [], [], [], 1)
+    return BindReply([AcceptedUnit.of(job_id, 0, [Placement(i, node) for i in indexes], 0.0)], [], [], [], 1)
 
 
 def reject(

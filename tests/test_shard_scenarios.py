@@ -974,7 +974,7 @@ def test_a_units_task_still_resident_in_a_stale_view_is_not_counted_twice(answer
         expected = shard_with(nodes)
     else:
         bound = TaskBound(placement.node, Resident.for_task(a, 0, (), 1000.0))
-        reply = BindReply([AcceptedUnit("a", [placement], 1000.0)], [], [], [released, bound], 4)
+        reply = BindReply([AcceptedUnit.of("a", 0, [placement], 1000.0)], [], [], [released, bound], 4)
         expected = shard_with(nodes, [(a, 0, placement.node, ())], start_times={"a": 1000.0})
     shard.apply_reply(reply)
     assert shard.inflight == {}
@@ -1054,7 +1054,7 @@ def test_a_settled_reply_leaves_the_view_equal_to_the_binders_changes(
     kept = [by_index[i] for i in bound_indexes]
     changes: list = [TaskBound(p.node, Resident.for_task(gang, p.task_index, p.gpus, 2000.0)) for p in kept]
     dropped = tuple(i for i in (0, 1) if i not in bound_indexes)
-    accepted = [AcceptedUnit("g", kept, 2000.0)] if kept else []
+    accepted = [AcceptedUnit.of("g", 0, kept, 2000.0)] if kept else []
     rejected = [RejectedUnit("g", dropped, "gpu taken", "gpus_free")] if dropped else []
     shard.apply_reply(BindReply(accepted, rejected, [], changes, len(nodes) + len(changes)))
 
@@ -1139,7 +1139,7 @@ def test_an_answer_for_an_earlier_attempt_does_not_settle_the_one_held_now() -> 
     shard.schedule(UnitBatch(0, [Unit(job, (1,), 1, attempt=1)]))  # replaces attempt 0's context
     bound = first.placements[0]
     change = TaskBound(bound.node, Resident.for_task(job, bound.task_index, bound.gpus, 5.0))
-    shard.apply_reply(BindReply([AcceptedUnit("j", [bound], 5.0)], [], [], [change], 3))
+    shard.apply_reply(BindReply([AcceptedUnit.of("j", 0, [bound], 5.0)], [], [], [change], 3))
     shard.apply_reply(BindReply([], [RejectedUnit("j", (1,), "no room", "resources_fit")], [], [], 3))
     expected = shard_with(nodes, [(job, bound.task_index, bound.node, ())], start_times={"j": 5.0})
     assert arrays_view(shard.state) == arrays_view(expected.state)
@@ -1168,7 +1168,8 @@ def test_a_victim_released_while_its_eviction_awaits_the_binder_stays_released(a
         expected = shard_with([make_node("n").cpu("8").build()])
     else:  # the binder's changes for it: its binding (the victim's release came already)
         bound = TaskBound("n", Resident.for_task(out.proposals[0].job, 0, (), 1000.0))
-        reply = BindReply([AcceptedUnit("high", [placement], 1000.0)], [], [], [bound], shard.version + 1)
+        accepted = AcceptedUnit.of("high", 0, [placement], 1000.0)
+        reply = BindReply([accepted], [], [], [bound], shard.version + 1)
         shard.apply_reply(reply)
         job = out.proposals[0].job
         expected = shard_with(

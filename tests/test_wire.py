@@ -73,7 +73,7 @@ def test_every_message_type_round_trips_equal() -> None:
         Proposal(job, [placement], 2, 3, 1.5, 1),
         ProposalBatch(2, 9, [], [Unschedulable("g", (0,), Diagnosis(10, {"insufficient cpu": 10}, "n"), 1)]),
         BindReply(
-            [AcceptedUnit("g", [placement], 3.0)],
+            [AcceptedUnit.of("g", 0, [placement], 3.0)],
             [RejectedUnit("g", (0,), "why", "stage")],
             [Eviction("v/0", "v", 0, "g")],
             [
