@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from gosched.common.fast_pickle import fast_pickle
+from gosched.common.fast_pickle import REBUILD, fast_pickle
 from gosched.common.job import Job
 from gosched.common.resources import ResourceRequest
 from tests.builders import make_job
@@ -78,3 +78,16 @@ def test_a_job_with_groups_round_trips_field_for_field() -> None:
     assert back == job and hash(back) == hash(job)
     assert dataclasses.astuple(back) == dataclasses.astuple(job)
     assert isinstance(back.groups[0].resources, ResourceRequest)
+
+
+def test_a_frozen_class_is_rebuilt_by_its_slot_writer_found_by_name() -> None:
+    # Found by name, as pickle and Ray's cloudpickle look it up; not for a class that must run
+    # __post_init__ again, nor for one whose fields are not all its own slots.
+    job = make_job("j").cpu("2").gpus(1).labels(team="a").build()
+    assert Job.__reduce__(job)[0] is getattr(Job, REBUILD)
+    assert FrozenPoint.__reduce__(FrozenPoint(1, ()))[0] is getattr(FrozenPoint, REBUILD)
+    assert FrozenWithPostInit.__reduce__(FrozenWithPostInit(1, []))[0] is FrozenWithPostInit
+    back = roundtrip(job)
+    assert type(back) is Job and back == job and hash(back) == hash(job)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.priority = 5  # type: ignore[misc]
