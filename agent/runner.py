@@ -225,8 +225,9 @@ class AgentRunner:
             tasks = self._tasks
             assert tasks is not None
             resend = tasks.reconcile(expected)
-            # Queued messages of tasks the master does not expect concern nobody any more.
-            self._outbox.keep_only(lambda m: task_of(m) in expected)
+            # Queued messages of tasks the master does not expect concern nobody any more. A node
+            # update stays: it may be newer than the node this registration sent.
+            self._outbox.keep_only(lambda m: task_of(m) in expected or m.HasField("node_update"))
             queued = self._outbox.final_status_ids()
             for status in resend:
                 if status.task_id not in queued:

@@ -137,6 +137,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             with self._lock:
                 old = self.sessions.get(node.name)
                 self.sessions[node.name] = session
+                self._reports.nodes.pop(node.name, None)  # older than the node just registered
             self.service.touch()
         if old is not None:
             old.outbox.put(None)  # ends the old stream
@@ -206,7 +207,8 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             log.warning("agent %s sent a bad node update: %s", session.node, exc)
             return
         with self._lock:  # the name is the session's: an agent speaks for its own node only
-            self._reports.nodes[session.node] = _as_agent_node(replace(node, name=session.node))
+            if self.sessions.get(session.node) is session:  # not a replaced session's late word
+                self._reports.nodes[session.node] = node
         self.service._wake.set()
 
     def _on_status(self, session: AgentSession, status: Any) -> None:
@@ -270,13 +272,18 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
 
     @staticmethod
     def _update_nodes(control: ControlPlane, updates: dict[str, Node]) -> bool:
-        """Nodes whose agents see them changed (labels: a container runtime started or stopped).
-        The node keeps its state: a cordon, a drain or a loss is not the agent's to lift."""
+        """Nodes whose agents see their labels changed (a container runtime started or stopped).
+        Only the labels are taken: capacity comes with a registration, and the state (a cordon, a
+        drain, a loss) is not the agent's to lift."""
         if not updates:
             return False
         known = {snap.node.name: snap.node for snap in control.nodes(sorted(updates))}
-        changed = [replace(node, state=known[name].state) for name, node in updates.items() if name in known]
-        changed = [node for node in changed if node != known[node.name]]
+        relabelled = [
+            _as_agent_node(replace(known[name], labels=node.labels))
+            for name, node in updates.items()
+            if name in known
+        ]
+        changed = [node for node in relabelled if node != known[node.name]]
         if changed:
             control.add_nodes(changed)
         return bool(changed)

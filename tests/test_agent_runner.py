@@ -443,6 +443,20 @@ def test_a_runtime_that_starts_or_stops_working_later_is_noticed(
     assert len(master.registrations) == 1  # told on the stream, not by registering again
 
 
+def test_a_node_update_queued_while_registering_again_is_kept(tmp_path: Path) -> None:
+    # The link builds its Register from the node as it was; the probe changes the labels before the
+    # registration is answered. Its update must still go: the master has the old labels.
+    runner = AgentRunner("127.0.0.1:1", "node-a", work_dir=tmp_path, container_runtime=None, nvml=None)
+    runner._start_tasks()
+    sent = runner._register_request()
+    runner._runtime_probed("/usr/bin/docker", "")
+    answer = agent_pb2.RegisterResponse(node_name="node-a", session_id="s", heartbeat_interval_s=1)
+    runner._on_registered(answer)
+    queued = [m for m in runner._outbox._items if m.HasField("node_update")]
+    assert RUNTIME_LABEL not in sent.node.labels
+    assert [dict(m.node_update.labels).get(RUNTIME_LABEL) for m in queued] == ["docker"]
+
+
 FAKE_DOCKER = """#!/bin/sh
 # Stands in for docker: records its calls, prints the arguments of `run`, fails for a missing image.
 echo "$1" >> "$(dirname "$0")/calls"
