@@ -27,33 +27,42 @@ def fast_pickle(cls: type[T]) -> type[T]:
     names = tuple(f.name for f in fields)
     read = attrgetter(*names)
     single = len(names) == 1
-    make = _slot_writer(cls, names) or cls
+    writes_slots = _slot_writer(cls) is not None
 
     def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
         kind = type(self)
         if kind is not cls:  # a subclass may add fields: it pays for reading them, not losing them
             return kind, tuple(getattr(self, f.name) for f in dataclasses.fields(self))
-        return make, ((read(self),) if single else read(self))
+        values = (read(self),) if single else read(self)
+        return (_rebuild, (cls, values)) if writes_slots else (cls, values)
 
     setattr(cls, "__reduce__", __reduce__)  # noqa: B010 (assigning a method to a class)
     return cls
 
 
-def _slot_writer(cls: type, names: tuple[str, ...]) -> Any:
-    """For a frozen slotted class without __post_init__: a function that makes an instance from
-    its field values by writing the slots, registered on the class so that pickle finds it by
-    name. A frozen __init__ sets each field through object.__setattr__ and costs twice as much,
-    once per object unpacked (a Job crosses two actors per attempt). None where that does not
-    apply: the class is not frozen, checks itself in __post_init__, or cannot be found by name."""
+def _rebuild(cls: type, values: tuple[Any, ...]) -> Any:
+    """Unpickle an instance of a frozen class by writing its slots (see _slot_writer). The class
+    travels in the stream, so this works where pickle or cloudpickle rebuilt the class itself (a
+    class pickled by value: one defined in a driver's __main__)."""
+    write = _WRITERS.get(cls)
+    if write is None:
+        write = _WRITERS[cls] = _slot_writer(cls) or cls
+    return write(*values)
+
+
+_WRITERS: dict[type, Any] = {}
+
+
+def _slot_writer(cls: type) -> Any:
+    """For a frozen slotted dataclass without __post_init__: a function that makes an instance
+    from its field values by writing the slots. A frozen __init__ sets each field through
+    object.__setattr__ and costs twice as much, once per object unpacked (a Job crosses two
+    actors per attempt). None where that does not apply: the class is not frozen, checks itself in
+    __post_init__, or has slots of a base class."""
     params = getattr(cls, "__dataclass_params__", None)
-    if (
-        params is None
-        or not params.frozen
-        or "__slots__" not in vars(cls)
-        or hasattr(cls, "__post_init__")
-        or "<locals>" in cls.__qualname__
-    ):
+    if params is None or not params.frozen or "__slots__" not in vars(cls) or hasattr(cls, "__post_init__"):
         return None
+    names = [f.name for f in dataclasses.fields(cls)]
     slots = [vars(cls).get(name) for name in names]  # the slots' member descriptors
     if not all(isinstance(slot, MemberDescriptorType) for slot in slots):
         return None  # some slots are a base class's
@@ -64,11 +73,4 @@ def _slot_writer(cls: type, names: tuple[str, ...]) -> Any:
     body = "".join(f"    set{i}(obj, v{i})\n" for i in range(len(names)))
     # Generated (as dataclasses generates __init__): one straight line of C calls per field.
     exec(f"def rebuild({args}):\n    obj = new(cls)\n{body}    return obj\n", env)
-    rebuild = env["rebuild"]
-    rebuild.__module__ = cls.__module__
-    rebuild.__qualname__ = f"{cls.__qualname__}.{REBUILD}"
-    setattr(cls, REBUILD, staticmethod(rebuild))
-    return rebuild
-
-
-REBUILD = "_unpickle"
+    return env["rebuild"]

@@ -2,10 +2,13 @@
 
 import dataclasses
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from gosched.common.fast_pickle import REBUILD, fast_pickle
+from gosched.common.fast_pickle import _rebuild, fast_pickle
 from gosched.common.job import Job
 from gosched.common.resources import ResourceRequest
 from tests.builders import make_job
@@ -80,14 +83,33 @@ def test_a_job_with_groups_round_trips_field_for_field() -> None:
     assert isinstance(back.groups[0].resources, ResourceRequest)
 
 
-def test_a_frozen_class_is_rebuilt_by_its_slot_writer_found_by_name() -> None:
-    # Found by name, as pickle and Ray's cloudpickle look it up; not for a class that must run
-    # __post_init__ again, nor for one whose fields are not all its own slots.
+def test_a_frozen_class_is_rebuilt_by_writing_its_slots() -> None:
+    # Not for a class that must run __post_init__ again.
     job = make_job("j").cpu("2").gpus(1).labels(team="a").build()
-    assert Job.__reduce__(job)[0] is getattr(Job, REBUILD)
-    assert FrozenPoint.__reduce__(FrozenPoint(1, ()))[0] is getattr(FrozenPoint, REBUILD)
+    assert Job.__reduce__(job)[0] is _rebuild
+    assert FrozenPoint.__reduce__(FrozenPoint(1, ()))[0] is _rebuild
     assert FrozenWithPostInit.__reduce__(FrozenWithPostInit(1, []))[0] is FrozenWithPostInit
     back = roundtrip(job)
     assert type(back) is Job and back == job and hash(back) == hash(job)
     with pytest.raises(dataclasses.FrozenInstanceError):
         back.priority = 5  # type: ignore[misc]
+
+
+def test_a_frozen_class_pickled_by_value_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    # As Ray pickles a class defined in a driver script's __main__: the class itself travels.
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import dataclasses, sys\n"
+        "from ray import cloudpickle\n"
+        "from gosched.common.fast_pickle import fast_pickle\n"
+        "@fast_pickle\n"
+        "@dataclasses.dataclass(frozen=True, slots=True)\n"
+        "class Point:\n"
+        "    x: int\n"
+        "    y: str\n"
+        "sys.stdout.buffer.write(cloudpickle.dumps([Point(1, 'a'), Point(2, 'b')]))\n"
+    )
+    data = subprocess.run([sys.executable, str(script)], capture_output=True, check=True).stdout
+    loader = "import pickle, sys; print([(p.x, p.y) for p in pickle.loads(sys.stdin.buffer.read())])"
+    out = subprocess.run([sys.executable, "-c", loader], input=data, capture_output=True, check=True)
+    assert out.stdout.decode().strip() == "[(1, 'a'), (2, 'b')]"
