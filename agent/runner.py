@@ -291,7 +291,7 @@ class AgentRunner:
             self.container_runtime, self.no_runtime_reason = runtime, why
             if self._tasks is not None:
                 self._tasks.container_runtime = runtime
-                self._tasks.no_runtime = f"{NO_RUNTIME} ({why})"
+                self._tasks.no_runtime = f"{NO_RUNTIME} ({why})" if runtime is None else NO_RUNTIME
             labels = dict(self.node.labels)
             if RUNTIME_LABEL not in self._labels:
                 labels.pop(RUNTIME_LABEL, None)

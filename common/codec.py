@@ -321,10 +321,11 @@ for _tag, _cls in {
     38: NodeRemoved,
     39: TaskBound,
     40: TaskReleased,
-    41: AcceptedUnit,
+    # 41: AcceptedUnit with its placements, until 2026-11-24 (never stored; retired all the same)
     42: RejectedUnit,
     43: Eviction,
     44: BindReply,
+    45: AcceptedUnit,
 }.items():
     register_dataclass(_cls, _tag)
 

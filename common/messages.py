@@ -123,8 +123,8 @@ class TaskBound:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Packed flat, the change and its resident in one: every binding is packed once into the
         # change log and unpacked by every shard, and one reduce instead of two is 40% quicker.
-        if type(self.resident) is not Resident:
-            return TaskBound, (self.node, self.resident)
+        if type(self) is not TaskBound or type(self.resident) is not Resident:
+            return type(self), (self.node, self.resident)
         return _task_bound, (self.node, *_read_resident(self.resident))
 
 
