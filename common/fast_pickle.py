@@ -27,7 +27,10 @@ def fast_pickle(cls: type[T]) -> type[T]:
     names = tuple(f.name for f in fields)
     read = attrgetter(*names)
     single = len(names) == 1
-    writes_slots = _slot_writer(cls) is not None
+    writer = _slot_writer(cls)
+    if writer is not None:
+        _WRITERS[cls] = writer  # _rebuild's, in this process; a process that rebuilt cls makes its own
+    writes_slots = writer is not None
 
     def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
         kind = type(self)
