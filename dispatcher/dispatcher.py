@@ -21,7 +21,9 @@ reply. So a shard's unschedulable verdict is trusted to reflect the cluster only
 dispatcher's previous batch to that shard; a job judged on an older view is tried again after its
 backoff instead of going dormant, and without any change it goes dormant at once. So is a job whose
 preemption was held back only by the shard's own placements awaiting the binder (`settling`): they
-can be evicted once bound, and binding them is no change that wakes anyone.
+can be evicted once bound, and binding them is no change that wakes anyone. And so is any verdict of
+a shard whose latest or previous reply refused some of its placements (`_refused_near`): the room
+they held in its view was free at the binder, and a refusal changes nothing there either.
 
 A job has at most one unit in flight. Tasks that become pending while it is out (an eviction of
 one of its bound tasks) wait until that unit is answered, then the job is queued again for all of
