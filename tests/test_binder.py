@@ -788,8 +788,10 @@ def test_random_batches_keep_every_invariant(nodes: list[Node], data: st.DataObj
 def test_fast_path_takes_the_clean_proposals_of_a_conflicted_batch(tmp_path: Path) -> None:
     from gosched.binder.fastpath import find_clean
 
+    nodes = [N4, N4B, replace(N4, name="n3"), replace(N4, name="n4", state=NodeState.CORDONED)]
+    nodes += [replace(N4, name=f"idle{i}") for i in range(20)]  # rows the batch never touches
     b = open_binder(tmp_path / "gs.db")
-    b.add_nodes([N4, N4B, replace(N4, name="n3")])
+    b.add_nodes(nodes)
     commit(b, prop(LOW, at(0, "n3")))
     batch = [
         prop(cpu_job("a", "3"), at(0, "n1")),  # a and b over-commit n1 together: n1 is hot
@@ -797,13 +799,15 @@ def test_fast_path_takes_the_clean_proposals_of_a_conflicted_batch(tmp_path: Pat
         prop(cpu_job("c", "3"), at(0, "n2")),  # clean
         prop(cpu_job("d", "4", priority=9), at(0, "n3", victims=("low/0",))),  # names a victim
         prop(cpu_job("e", "1"), at(0, "ghost")),  # no such node
+        prop(cpu_job("f", "1"), at(0, "n4")),  # fits, but the node is cordoned
+        prop(cpu_job("g", "1"), at(0, "idle7")),  # clean, on a row far from the others
     ]
-    assert [u.index for u in find_clean(b.truth, batch)] == [2]
+    assert [u.index for u in find_clean(b.truth, batch)] == [2, 6]
     reply = commit(b, *batch)
-    assert outcome(reply)[0] == {"a": [0], "c": [0], "d": [0]}
-    assert [a.job_id for a in reply.accepted] == ["a", "c", "d"]  # batch order, whatever the path
+    assert outcome(reply)[0] == {"a": [0], "c": [0], "d": [0], "g": [0]}
+    assert [a.job_id for a in reply.accepted] == ["a", "c", "d", "g"]  # batch order, whatever the path
     seq = open_binder(tmp_path / "seq.db", vectorised=False)
-    seq.add_nodes([N4, N4B, replace(N4, name="n3")])
+    seq.add_nodes(nodes)
     commit(seq, prop(LOW, at(0, "n3")))
     assert commit(seq, *batch) == reply
     assert seq.view() == b.view()
