@@ -148,12 +148,18 @@ def run_replay(
 
 
 def table(results: Sequence[PolicyResult]) -> str:
-    head = "policy".ljust(16) + "".join(f"{int(level * 100)}%".rjust(18) for level in LEVELS)
-    lines = [head]
+    """One line per policy: the mean and [min-max] over seeds at each level, in aligned columns."""
+    rows = [["policy", *(f"{int(level * 100)}%" for level in LEVELS)]]
     for r in results:
-        cells = []
+        cells = [r.policy]
         for level in LEVELS:
             lo, hi = r.spread(level)
-            cells.append(f"{r.mean(level):.1%} [{lo:.1%}-{hi:.1%}]".rjust(18))
-        lines.append(r.policy.ljust(16) + "".join(cells))
-    return "\n".join(lines)
+            cells.append(f"{r.mean(level):.1%} [{lo:.1%}-{hi:.1%}]")
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def line(row: list[str]) -> str:
+        first = row[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))])
+
+    return "\n".join(line(row) for row in rows)

@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from gosched.bench.replay import LEVELS, POLICIES, arrival_order, replay_once, run_replay
+from gosched.bench.replay import (
+    LEVELS,
+    POLICIES,
+    PolicyResult,
+    arrival_order,
+    replay_once,
+    run_replay,
+    table,
+)
 from gosched.bench.replay_report import write_results
 from gosched.bench.trace import TraceTask, load_nodes, load_tasks
 
@@ -72,3 +80,16 @@ def test_every_policy_runs_and_reports(trace: tuple[Path, Path], tmp_path: Path)
     paths = write_results(results, tmp_path / "out", {"test": True})
     assert (tmp_path / "out" / "replay.json").exists() and (tmp_path / "out" / "replay.txt").exists()
     assert all(p.exists() for p in paths)
+
+
+def test_the_table_keeps_its_columns_apart() -> None:
+    # A cell such as "50.0% [50.0%-50.0%]" once filled its column and ran into the next one.
+    results = [
+        PolicyResult("gosched_frag", {level: [0.5, 0.952] for level in LEVELS}),
+        PolicyResult("random", {level: [0.863, 0.87] for level in LEVELS}),
+    ]
+    lines = table(results).splitlines()
+    assert len({len(line) for line in lines}) == 1  # aligned
+    for line in lines:
+        assert len(line.split("  ")) >= 1 + len(LEVELS)
+    assert lines[1].split()[:4] == ["gosched_frag", "72.6%", "[50.0%-95.2%]", "72.6%"]
