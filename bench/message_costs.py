@@ -14,6 +14,7 @@ from gosched.common.cluster_state import Resident
 from gosched.common.messages import (
     AcceptedUnit,
     BindReply,
+    ChangeList,
     Placement,
     Proposal,
     ProposalBatch,
@@ -50,9 +51,9 @@ def sample_messages(tasks: int) -> dict[str, object]:
         "proposals (shard -> binder)": ProposalBatch(
             0, 7, [Proposal(j, [p], 1, 0, now) for j, p in zip(jobs, placements, strict=True)]
         ),
-        "changes (binder -> shards)": [
+        "changes (binder -> shards)": ChangeList(
             TaskBound(p.node, Resident.for_task(j, 0, (), now)) for j, p in zip(jobs, placements, strict=True)
-        ],
+        ),
         "verdicts (binder -> shard, dispatcher)": BindReply(
             [AcceptedUnit.of(j.id, 0, [p], now) for j, p in zip(jobs, placements, strict=True)], [], [], [], 9
         ),

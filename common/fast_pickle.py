@@ -11,6 +11,7 @@ that its checks run again.
 """
 
 import dataclasses
+from itertools import starmap
 from operator import attrgetter
 from types import MemberDescriptorType
 from typing import Any, TypeVar
@@ -77,3 +78,35 @@ def _slot_writer(cls: type) -> Any:
     # Generated (as dataclasses generates __init__): one straight line of C calls per field.
     exec(f"def rebuild({args}):\n    obj = new(cls)\n{body}    return obj\n", env)
     return env["rebuild"]
+
+
+# -- whole lists at once ---------------------------------------------------------------------------
+# A batch message holds hundreds of objects of one class. Reduced one by one, each costs a Python
+# __reduce__ call on packing and a Python rebuild call on unpacking. Reduced as a list, their field
+# values are read with one C map over an attrgetter and packed as plain tuples, and they are
+# rebuilt with one C starmap: about half the packing cost, and fewer bytes.
+
+_READERS: dict[type, Any] = {}
+
+
+def rows_of(cls: type, objs: list[Any]) -> list[tuple[Any, ...]] | None:
+    """Each object's field values in order, or None unless every object is exactly of `cls` (a
+    subclass may add fields: the caller then packs the objects themselves)."""
+    for obj in objs:
+        if type(obj) is not cls:
+            return None
+    read = _READERS.get(cls)
+    if read is None:
+        names = [f.name for f in dataclasses.fields(cls)]
+        getter = attrgetter(*names)
+        read = _READERS[cls] = getter if len(names) > 1 else (lambda obj: (getter(obj),))
+    return list(map(read, objs))
+
+
+def objects_from(cls: type[T], rows: list[tuple[Any, ...]]) -> list[T]:
+    """The objects rows_of read: rebuilt as fast_pickle rebuilds one (slots written for a frozen
+    class without __post_init__, __init__ otherwise)."""
+    make = _WRITERS.get(cls)
+    if make is None:
+        make = _WRITERS[cls] = _slot_writer(cls) or cls
+    return list(starmap(make, rows))

@@ -6,11 +6,12 @@ serialised, between Ray actors. All traffic is batched: one message carries many
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from itertools import accumulate
 from operator import attrgetter
 from typing import Any
 
 from gosched.common.cluster_state import Resident
-from gosched.common.fast_pickle import fast_pickle
+from gosched.common.fast_pickle import fast_pickle, objects_from, rows_of
 from gosched.common.job import Job
 from gosched.common.node import Node
 
@@ -32,11 +33,25 @@ class Unit:
     held: int = 0
 
 
-@fast_pickle
 @dataclass(slots=True)
 class UnitBatch:
     shard_id: int
     units: list[Unit]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # As columns (see fast_pickle.rows_of): the units' jobs as rows of Job fields, the rest of
+        # each unit as a row.
+        units = self.units
+        unit_rows = rows_of(Unit, units)
+        job_rows = None if unit_rows is None else rows_of(Job, [row[0] for row in unit_rows])
+        if unit_rows is None or job_rows is None or type(self) is not UnitBatch:
+            return type(self), (self.shard_id, units)
+        return _unit_batch, (self.shard_id, job_rows, [row[1:] for row in unit_rows])
+
+
+def _unit_batch(shard_id: int, job_rows: list[tuple[Any, ...]], rests: list[tuple[Any, ...]]) -> UnitBatch:
+    jobs = objects_from(Job, job_rows)
+    return UnitBatch(shard_id, [Unit(job, *rest) for job, rest in zip(jobs, rests, strict=True)])
 
 
 # -- shard -> binder ---------------------------------------------------------------------------
@@ -93,13 +108,53 @@ class Unschedulable:
     settling: bool = False
 
 
-@fast_pickle
 @dataclass(slots=True)
 class ProposalBatch:
     shard_id: int
     seen_version: int
     proposals: list[Proposal]
     unschedulable: list[Unschedulable] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # As columns (see fast_pickle.rows_of): the jobs as rows of Job fields, every placement of
+        # the batch as one list of rows with a count per proposal, the rest of each proposal a row.
+        proposals = self.proposals
+        rows = rows_of(Proposal, proposals)
+        job_rows = None if rows is None else rows_of(Job, [row[0] for row in rows])
+        placements = [p for row in rows for p in row[1]] if rows is not None else []
+        placement_rows = rows_of(Placement, placements)
+        if rows is None or job_rows is None or placement_rows is None or type(self) is not ProposalBatch:
+            return type(self), (self.shard_id, self.seen_version, proposals, self.unschedulable)
+        counts = [len(row[1]) for row in rows]
+        rests = [row[2:] for row in rows]
+        return _proposal_batch, (
+            self.shard_id,
+            self.seen_version,
+            job_rows,
+            counts,
+            placement_rows,
+            rests,
+            self.unschedulable,
+        )
+
+
+def _proposal_batch(
+    shard_id: int,
+    seen_version: int,
+    job_rows: list[tuple[Any, ...]],
+    counts: list[int],
+    placement_rows: list[tuple[Any, ...]],
+    rests: list[tuple[Any, ...]],
+    unschedulable: list[Unschedulable],
+) -> ProposalBatch:
+    jobs = objects_from(Job, job_rows)
+    placements = objects_from(Placement, placement_rows)
+    ends = list(accumulate(counts))
+    proposals = [
+        Proposal(job, placements[end - count : end], *rest)
+        for job, count, end, rest in zip(jobs, counts, ends, rests, strict=True)
+    ]
+    return ProposalBatch(shard_id, seen_version, proposals, unschedulable)
 
 
 # -- binder -> shards and dispatcher --------------------------------------------------------------
@@ -146,6 +201,31 @@ class TaskReleased:
 Change = NodeUpserted | NodeRemoved | TaskBound | TaskReleased
 
 
+class ChangeList(list[Change]):
+    """Changes that pack their bindings as columns (see fast_pickle.rows_of); they come back as a
+    plain list. Every binding reaches every shard, so this is the binder's most packed message."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        bound = [c for c in self if type(c) is TaskBound]
+        rows = rows_of(Resident, [c.resident for c in bound])
+        if rows is None:
+            return list, (list(self),)
+        nodes = [c.node for c in bound]
+        # The other changes in place, the bindings as None where each one goes; only when mixed.
+        others = None if len(bound) == len(self) else [None if type(c) is TaskBound else c for c in self]
+        return _change_list, (nodes, rows, others)
+
+
+def _change_list(
+    nodes: list[str], rows: list[tuple[Any, ...]], others: list[Change | None] | None
+) -> list[Change]:
+    bound = list(map(TaskBound, nodes, objects_from(Resident, rows)))
+    if others is None:
+        return bound  # type: ignore[return-value]
+    taken = iter(bound)
+    return [next(taken) if c is None else c for c in others]
+
+
 @fast_pickle
 @dataclass(slots=True)
 class AcceptedUnit:
@@ -187,7 +267,6 @@ class Eviction:
     preemptor: str  # job id of the unit that evicted it ("" for a gang break)
 
 
-@fast_pickle
 @dataclass(slots=True)
 class BindReply:
     accepted: list[AcceptedUnit]
@@ -197,3 +276,20 @@ class BindReply:
     version: int
     resync: bool = False  # changes is a full snapshot: drop the cached view first
     shard_id: int = -1  # the shard whose batch this answers (-1: not from a shard's batch)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The verdicts as rows (see fast_pickle.rows_of), the changes as a ChangeList.
+        accepted, rejected, evicted, changes, *rest = _read_reply(self)
+        rows = rows_of(AcceptedUnit, accepted)
+        if rows is None or type(self) is not BindReply:
+            return type(self), (accepted, rejected, evicted, changes, *rest)
+        if type(changes) is not ChangeList:
+            changes = ChangeList(changes)
+        return _bind_reply, (rows, rejected, evicted, changes, *rest)
+
+
+_read_reply = attrgetter(*(f.name for f in fields(BindReply)))
+
+
+def _bind_reply(accepted: list[tuple[Any, ...]], *rest: Any) -> BindReply:
+    return BindReply(objects_from(AcceptedUnit, accepted), *rest)

@@ -10,6 +10,7 @@ from bisect import bisect_left
 
 from gosched.binder.binder import Binder
 from gosched.common import wire
+from gosched.common.messages import ChangeList
 
 # Segments kept; older readers are answered from the log itself (packed for them alone).
 MAX_SEGMENTS = 4096
@@ -32,7 +33,7 @@ class PackedChanges:
         if i < len(self._starts) and self._starts[i] == version:
             return self._data[i:], current, False
         changes, current, resync = binder.changes_since(version)
-        return [wire.pack(changes)], current, resync
+        return [wire.pack(ChangeList(changes))], current, resync
 
     def _extend_to(self, binder: Binder, current: int) -> None:
         last = self._ends[-1] if self._ends else None
@@ -44,7 +45,7 @@ class PackedChanges:
             return
         self._starts.append(last)
         self._ends.append(current)
-        self._data.append(wire.pack(new))
+        self._data.append(wire.pack(ChangeList(new)))
         if len(self._data) > MAX_SEGMENTS:
             drop = len(self._data) // 2
             del self._starts[:drop], self._ends[:drop], self._data[:drop]

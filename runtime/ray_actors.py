@@ -44,7 +44,7 @@ from gosched.binder.binder import Binder
 from gosched.common import wire
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
-from gosched.common.messages import BindReply, Change, ProposalBatch, UnitBatch
+from gosched.common.messages import BindReply, Change, ChangeList, ProposalBatch, UnitBatch
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
@@ -318,7 +318,8 @@ class BinderCore:
 
     def changes_since(self, version: int) -> bytes:
         t0 = time.perf_counter()
-        out = wire.pack(self.binder.changes_since(version))
+        changes, current, resync = self.binder.changes_since(version)
+        out = wire.pack((ChangeList(changes), current, resync))
         self.busy_s += time.perf_counter() - t0
         return out
 

@@ -167,13 +167,13 @@ class ClassCache:
         """_update for one row, accumulated in Python floats in the same order, with each plugin's
         scalar version where it has one (numpy calls on one-element arrays cost more than the
         arithmetic), stopping at the first filter that fails."""
-        if not entry.static_ok[row] or not passes_dynamic_filters(entry, state, row):
+        if not entry.static_ok.item(row) or not passes_dynamic_filters(entry, state, row):
             entry.eff[row] = NEG_INF
             if entry.best_key is not None:
                 _note_row(entry, row, NEG_INF)
             return
         tc, one = entry.tc, None
-        score = float(entry.static_score[row])
+        score = entry.static_score.item(row)
         for (plugin, weight), row_score in zip(entry.dyn_scores, entry.row_scores, strict=True):
             if row_score is not None:
                 score += weight * row_score(state, row)

@@ -3,12 +3,17 @@
 import copy
 from dataclasses import dataclass
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from gosched.common import wire
 from gosched.common.cluster_state import Resident
-from gosched.common.job import Toleration
+from gosched.common.fast_pickle import objects_from, rows_of
+from gosched.common.job import Job, Toleration
 from gosched.common.messages import (
     AcceptedUnit,
     BindReply,
+    ChangeList,
     Diagnosis,
     Eviction,
     NodeRemoved,
@@ -22,9 +27,13 @@ from gosched.common.messages import (
     Unit,
     UnitBatch,
     Unschedulable,
+    _bind_reply,
+    _proposal_batch,
+    _unit_batch,
 )
 from gosched.common.resources import ResourceRequest
 from tests.builders import make_job, make_node
+from tests.strategies import jobs
 
 
 def test_batches_round_trip_equal_and_hash_equal() -> None:
@@ -89,3 +98,86 @@ def test_every_message_type_round_trips_equal() -> None:
     for message in messages:
         back = wire.unpack(wire.pack(message))
         assert type(back) is type(message) and back == message
+
+
+# -- batches packed as columns ---------------------------------------------------------------------
+gpu_pairs = st.lists(st.tuples(st.integers(0, 15), st.integers(1, 1000)), max_size=2).map(tuple)
+placements = st.builds(
+    Placement,
+    st.integers(0, 50),
+    st.sampled_from(["n1", "n2", "node-ü"]),
+    gpu_pairs,
+    st.lists(st.sampled_from(["v/0", "w/3"]), max_size=2).map(tuple),
+)
+times = st.floats(0, 4e9, allow_nan=False)
+
+
+@given(
+    st.lists(
+        st.tuples(jobs(), st.lists(placements, max_size=3), st.integers(0, 5), times, st.integers(0, 4)),
+        max_size=6,
+    ),
+    st.integers(0, 15),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_batches_of_any_jobs_and_placements_round_trip_as_columns(rows: list, shard: int) -> None:
+    units = UnitBatch(
+        shard,
+        [Unit(j, tuple(p.task_index for p in ps), 1, a, frozenset({"q"}), t, h) for j, ps, a, t, h in rows],
+    )
+    planned = ProposalBatch(
+        shard,
+        42,
+        [Proposal(j, ps, max(1, len(ps)), a, t, h) for j, ps, a, t, h in rows],
+        [Unschedulable("u", (0,), Diagnosis(3), 1, True)],
+    )
+    reply = BindReply(
+        [AcceptedUnit.of(j.id, a, ps, t) for j, ps, a, t, _ in rows], [], [], [], 5, False, shard
+    )
+    for message, packer in ((units, _unit_batch), (planned, _proposal_batch), (reply, _bind_reply)):
+        assert message.__reduce__()[0] is packer  # the columnar form, not object by object
+        back = wire.unpack(wire.pack(message))
+        assert type(back) is type(message) and back == message
+    # Each proposal keeps its own placements, in order, however many it has.
+    back_planned = wire.unpack(wire.pack(planned))
+    assert [len(p.placements) for p in back_planned.proposals] == [len(ps) for _, ps, *_ in rows]
+
+
+def test_a_change_list_keeps_its_order_around_bindings() -> None:
+    job = make_job("g").cpu("1").replicas(3).build()
+    node = make_node("n1").cpu("8").build()
+    bound = [TaskBound(f"n{i}", Resident.for_task(job, i, ((i, 500),), float(i))) for i in range(3)]
+    mixed = [
+        bound[0],
+        TaskReleased("g/0", "preempted"),
+        NodeUpserted(node),
+        bound[1],
+        bound[2],
+        NodeRemoved("n9"),
+    ]
+    for changes in (mixed, bound, [TaskReleased("x/1", "lost")], []):
+        back = wire.unpack(wire.pack(ChangeList(changes)))
+        assert type(back) is list and back == changes
+
+
+@dataclass(slots=True)
+class _NamedResident(Resident):
+    nickname: str = ""
+
+
+def test_a_subclass_inside_a_batch_is_packed_whole_and_keeps_its_class() -> None:
+    job = make_job("g").cpu("1").build()
+    odd = TaskBound("n1", _NamedResident("g/0", "g", 1000, 0, nickname="x"))
+    changes = [TaskBound("n1", Resident.for_task(job, 0, (), 1.0)), odd]
+    back = wire.unpack(wire.pack(ChangeList(changes)))
+    assert back == changes and type(back[1].resident) is _NamedResident  # type: ignore[attr-defined]
+    assert rows_of(Resident, [odd.resident]) is None
+
+
+def test_rows_rebuild_the_objects_they_were_read_from() -> None:
+    jobs_ = [make_job(f"j{i}").cpu("1").priority(i).build() for i in range(3)]
+    rows = rows_of(Job, jobs_)
+    assert rows is not None and [r[0] for r in rows] == ["j0", "j1", "j2"]
+    back = objects_from(Job, rows)
+    assert back == jobs_ and [hash(j) for j in back] == [hash(j) for j in jobs_]
+    assert objects_from(Placement, rows_of(Placement, [Placement(1, "n")]) or []) == [Placement(1, "n")]

@@ -55,12 +55,12 @@ def row_fractions(req: ResourceRequest, state: ClusterArrays, r: int) -> list[fl
     if memo[1] == r and memo[0] is state and memo[2] == position and memo[3] is req:
         hit: list[float] = memo[4]
         return hit
-    out = [(int(state.cpu_used[r]) + req.cpu_milli) / max(int(state.cpu_cap[r]), 1)]
+    out = [(state.cpu_used.item(r) + req.cpu_milli) / max(state.cpu_cap.item(r), 1)]
     if req.memory:
-        out.append((int(state.mem_used[r]) + req.memory) / max(int(state.mem_cap[r]), 1))
+        out.append((state.mem_used.item(r) + req.memory) / max(state.mem_cap.item(r), 1))
     if req.wants_gpu:
-        cap = max(int(state.gpu_count[r]) * GPU_MILLI, 1)
-        out.append((int(state.gpu_used_total[r]) + req.gpu_total_milli) / cap)
+        cap = max(state.gpu_count.item(r) * GPU_MILLI, 1)
+        out.append((state.gpu_used_total.item(r) + req.gpu_total_milli) / cap)
     memo[:] = [state, r, position, req, out]
     return out
 

@@ -61,14 +61,14 @@ class ResourcesFit(FilterPlugin):
         cpu, mem, whole, share = req.cpu_milli, req.memory, tc.gpu_whole, tc.gpu_share
 
         def fits(state: ClusterArrays, r: int) -> bool:
-            if int(state.cpu_used[r]) + cpu > int(state.cpu_cap[r]):
+            if state.cpu_used.item(r) + cpu > state.cpu_cap.item(r):
                 return False
-            if mem and int(state.mem_used[r]) + mem > int(state.mem_cap[r]):
+            if mem and state.mem_used.item(r) + mem > state.mem_cap.item(r):
                 return False
             if whole:
-                return int(state.free_whole[r]) >= whole
+                return state.free_whole.item(r) >= whole
             if share:
-                return int(state.max_share[r]) >= share
+                return state.max_share.item(r) >= share
             return True
 
         return fits
