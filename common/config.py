@@ -191,13 +191,27 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     source = path or os.environ.get("GOSCHED_CONFIG")
     if source:
         text = Path(source).read_text()
-        loaded = yaml.safe_load(text) or {}
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{source}: not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{source}: the config file must hold a mapping at the top level")
         file_values = loaded
     env_values = Settings().model_dump(exclude_unset=True) if _env_has_settings() else {}
-    merged = {**file_values, **env_values, **{k: v for k, v in overrides.items() if v is not None}}
+    merged = _deep_merge(file_values, env_values)
+    merged = _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
     return Settings(**merged)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, section by section: GOSCHED_PROFILE__PREEMPTION=false changes that one
+    key of the file's profile, not the whole section back to its defaults."""
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        out[key] = _deep_merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out
 
 
 def _env_has_settings() -> bool:
