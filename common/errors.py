@@ -10,6 +10,15 @@ class SpecError(ValueError):
         self.reason = reason
 
 
+class AlreadyStored(ValueError):
+    """A job id (or submission id) given to a store is there already; `field` says which."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
 class QuantityError(ValueError):
     """A resource quantity string could not be parsed."""
 

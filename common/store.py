@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple, Self
 
 from gosched.common.codec import decode, decode_job, encode, encode_job
+from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import Node
 from gosched.common.states import HOLDS_RESOURCES, JobState, TaskState
@@ -177,7 +178,7 @@ class Store:
         """Store new jobs and one pending task row per replica, all or nothing.
 
         A job id already stored (or twice in `jobs`), or a submission id already used, raises
-        ValueError and stores nothing."""
+        AlreadyStored and stores nothing."""
         if not jobs:
             return
         t = time.time() if now is None else now
@@ -185,21 +186,22 @@ class Store:
             with self._tx() as c:
                 self._insert_jobs(c, jobs, t, if_missing=False)
         except sqlite3.IntegrityError as exc:
-            raise ValueError(f"cannot store jobs: {self._conflicts(jobs) or exc}") from exc
+            field, why = self._conflicts(jobs) or ("id", str(exc))
+            raise AlreadyStored(field, f"cannot store jobs: {why}") from exc
 
-    def _conflicts(self, jobs: Sequence[Job]) -> str:
-        """What makes `jobs` clash with the stored ones (or with each other), for the error message."""
+    def _conflicts(self, jobs: Sequence[Job]) -> tuple[str, str] | None:
+        """What makes `jobs` clash with the stored ones (or with each other): (field, message)."""
         seen_ids: set[str] = set()
         seen_subs: set[str] = set()
         for j in jobs:
             if j.id in seen_ids or self.get_job_state(j.id) is not None:
-                return f"job {j.id} is already stored"
+                return "id", f"job {j.id} is already stored"
             seen_ids.add(j.id)
             if j.submission_id:
                 if j.submission_id in seen_subs or self.find_submission(j.submission_id) is not None:
-                    return f"submission id {j.submission_id!r} of job {j.id} is already used"
+                    return "submission_id", f"submission id {j.submission_id!r} of job {j.id} is already used"
                 seen_subs.add(j.submission_id)
-        return ""
+        return None
 
     @staticmethod
     def _insert_jobs(c: sqlite3.Connection, jobs: Sequence[Job], t: float, *, if_missing: bool) -> None:

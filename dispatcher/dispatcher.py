@@ -34,13 +34,14 @@ Hot path (next_batches, on_reply): per unit a few dict and heap operations, no s
 """
 
 import heapq
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from gosched.common.config import Settings
-from gosched.common.errors import SpecError
+from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.messages import BindReply, Unit, UnitBatch, Unschedulable
 from gosched.common.snapshots import JobSnapshot
@@ -78,6 +79,8 @@ Updates = list[tuple[str, TaskState]]
 # when its backoff ends whether or not anything changed (a Unschedulable marked settling, or one a
 # shard took while the binder was refusing some of its placements).
 UNTRUSTED = -1
+
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -161,7 +164,12 @@ class Dispatcher:
             return ids
         self.admission.admit((j.tenant for j in new), self._waiting + self._inflight)
         if self.store is not None:
-            self.store.add_jobs(new)
+            try:
+                self.store.add_jobs(new)
+            except AlreadyStored as exc:
+                # Known to the store only: finished and past retention, or in a queue no longer
+                # configured. Still taken: the id may not be reused.
+                raise SpecError(exc.field, f"{exc.reason} (ids must be new: it already exists)") from exc
         for job in new:
             self._register(job, [PENDING] * job.total_replicas)
         return ids
@@ -665,11 +673,13 @@ class Dispatcher:
         loaded = sorted(self.store.load_jobs(), key=lambda item: item[0].submit_time)
         updates: Updates = []
         restored = 0
+        skipped_queues: set[str] = set()
         for job, rows in loaded:
             if job.id in self._jobs or job.id in self._finished:
                 continue
             if job.queue not in self._queue_index:
                 self.skipped_on_restore.append(job.id)
+                skipped_queues.add(job.queue)
                 continue
             states = [PENDING] * job.total_replicas
             for index, state, _node, _gpus in rows:
@@ -700,6 +710,18 @@ class Dispatcher:
             restored += 1
         if updates:
             self.store.set_task_states(updates)
+        if skipped_queues:
+            # Kept in the store, not lost: configuring the queue again brings them back.
+            skipped = self.skipped_on_restore
+            shown = ", ".join(skipped[:10])
+            more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+            log.warning(
+                "%d stored job(s) of queue(s) no longer configured (%s) are kept but not scheduled: %s%s",
+                len(skipped),
+                ", ".join(sorted(skipped_queues)),
+                shown,
+                more,
+            )
         return restored
 
     # -- capacity -------------------------------------------------------------------------------------------

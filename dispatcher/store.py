@@ -7,6 +7,7 @@ data in dicts (for embedding and tests). The dispatcher also runs with no store 
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id
 from gosched.common.states import TaskState
 
@@ -41,7 +42,7 @@ class MemoryStore:
         self.calls["add_jobs"] += 1
         for job in jobs:
             if job.id in self.jobs:
-                raise ValueError(f"job {job.id} is already stored")
+                raise AlreadyStored("id", f"job {job.id} is already stored")
         for job in jobs:
             self.jobs[job.id] = job
             self.states[job.id] = [TaskState.PENDING] * job.total_replicas

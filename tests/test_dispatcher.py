@@ -1,5 +1,7 @@
 """Dispatcher: units, replies, unschedulable backoff, evictions, cancel, shards, restart."""
 
+import logging
+
 import pytest
 
 from gosched.common.config import QueueConfig
@@ -749,11 +751,18 @@ def test_restore_keeps_finished_jobs_out_of_the_queues():
     assert job_ids(d2.next_batches()) == ["b"]
 
 
-def test_restore_skips_jobs_of_queues_no_longer_configured():
+def test_restore_skips_jobs_of_queues_no_longer_configured(caplog: pytest.LogCaptureFixture) -> None:
     store = MemoryStore()
     d, _ = dispatcher(QueueConfig(name="a"), QueueConfig(name="b"), store=store)
     d.submit_many([make_job("ja").queue("a").build(), make_job("jb").queue("b").build()])
     d2, _ = dispatcher(QueueConfig(name="a"), store=store)
-    assert d2.restore() == 1
+    with caplog.at_level(logging.WARNING, logger="gosched.dispatcher.dispatcher"):
+        assert d2.restore() == 1
     assert d2.skipped_on_restore == ["jb"]
     assert "jb" not in d2
+    assert "queue(s) no longer configured (b)" in caplog.text and "jb" in caplog.text  # told, not silent
+    # Its id is still taken: reusing it is refused as a duplicate, naming the field.
+    with pytest.raises(SpecError, match="already exists") as err:
+        d2.submit_many([make_job("jb").queue("a").build()])
+    assert err.value.field == "id"
+    assert "jb" not in d2 and store.jobs["jb"].queue == "b"  # the stored one is untouched
