@@ -29,6 +29,7 @@ from gosched.common.node import NodeState
 from gosched.common.states import TERMINAL, TaskState
 from gosched.proto.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
+from gosched.runtime.control import ControlUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc.reason}{retry}"
     if isinstance(exc, FailedPrecondition):
         return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, Unavailable | ControlUnavailable):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     return None
 

@@ -16,6 +16,11 @@ from gosched.common.snapshots import Counters, Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import HOLDS_RESOURCES, TaskState
 
 
+class ControlUnavailable(RuntimeError):
+    """A component did not answer (an actor restarting): the call failed but may be retried. Where
+    it changed something (a submission), it may or may not have taken effect: the message says."""
+
+
 class ControlPlane(Protocol):
     """What the API service needs of the scheduler. Calls may come from several threads, but the
     service serialises them (one lock), so implementations need not be thread-safe."""

@@ -9,9 +9,10 @@ Every query is one actor call, whatever its size.
 """
 
 import contextlib
+import functools
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
@@ -21,9 +22,34 @@ from gosched.common.job import Job
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
-from gosched.runtime.control import with_placements
+from gosched.runtime.control import ControlUnavailable, with_placements
 from gosched.runtime.ray_cluster import RayScheduler
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _answered(note: str = "") -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """An actor that does not answer (restarting after a crash) makes a client's call fail as
+    ControlUnavailable, which the API reports as UNAVAILABLE (retry), not as an internal error."""
+
+    def wrap(method: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(method)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return method(*args, **kwargs)
+            except RayActorError as exc:  # ActorUnavailableError included
+                raise ControlUnavailable(f"the scheduler is restarting a component{note}: {exc}") from exc
+
+        return call
+
+    return wrap
+
+
+SUBMIT_NOTE = (
+    " (the submission may or may not have been accepted: retry it with the same submission id,"
+    " or look the job id up first)"
+)
 IDLE_DELAY_MIN_S = 0.002
 IDLE_DELAY_MAX_S = 0.05
 WAIT_S = 0.02  # longest a step waits for a round to finish
@@ -93,15 +119,18 @@ class RayControl:
         self.rs.shutdown()
 
     # -- jobs -------------------------------------------------------------------------------------------
+    @_answered(SUBMIT_NOTE)
     def submit_many(self, jobs: Sequence[Job]) -> list[str]:
         ids = self.rs.submit_many(jobs)
         self._wake_shards()
         return ids
 
+    @_answered()
     def job_ids(self) -> list[str]:
         ids: list[str] = ray.get(self.rs.dispatcher.job_ids.remote())
         return ids
 
+    @_answered()
     def jobs(self, job_ids: Sequence[str], *, placements: bool) -> list[JobSnapshot | None]:
         snaps: list[JobSnapshot | None] = ray.get(self.rs.dispatcher.snapshots.remote(list(job_ids)))
         if not placements:
@@ -109,11 +138,13 @@ class RayControl:
         binder = self.rs.binder
         return with_placements(snaps, lambda tids: ray.get(binder.placements.remote(tids)))
 
+    @_answered()
     def cancel(self, job_id: str) -> None:
         holding: list[str] = ray.get(self.rs.dispatcher.cancel.remote(job_id))
         if holding:
             ray.get(self.rs.binder.release.remote(holding, TaskState.CANCELLED.value))
 
+    @_answered()
     def explain(self, job_id: str) -> str:
         return self.rs.explain(job_id)
 
@@ -146,6 +177,7 @@ class RayControl:
             shard.sync.remote()
         self._wake_shards()
 
+    @_answered()
     def set_node_state(self, name: str, state: NodeState) -> None:
         try:
             ray.get(self.rs.binder.set_node_state.remote(name, state.value))
@@ -163,19 +195,23 @@ class RayControl:
         self._wake_shards()
         return released
 
+    @_answered()
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
         got: list[NodeSnapshot] = ray.get(self.rs.binder.nodes.remote(None if names is None else list(names)))
         return got
 
+    @_answered()
     def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
         got: dict[str, list[str]] = ray.get(self.rs.binder.residents.remote(list(names)))
         return got
 
     # -- cluster ----------------------------------------------------------------------------------------
+    @_answered()
     def queue_shares(self) -> dict[str, float]:
         shares: dict[str, float] = ray.get(self.rs.dispatcher.queue_shares.remote())
         return shares
 
+    @_answered()
     def counters(self) -> Counters:
         d, b = self.rs.dispatcher, self.rs.binder
         counts, stats, usage = ray.get([d.counts.remote(), d.stats.remote(), b.usage.remote()])
@@ -190,6 +226,7 @@ class RayControl:
             shards=len(self.rs.shards),
         )
 
+    @_answered()
     def pending_tasks(self) -> int:
         n: int = ray.get(self.rs.dispatcher.pending_task_count.remote())
         return n

@@ -124,3 +124,25 @@ def test_ray_bench_probe() -> None:
     out = run_ray_bench(nodes=50, tasks=500, shards=2)
     assert out["bound_tasks"] == 500
     assert out["tasks_per_s"] > 0
+
+
+def test_a_dispatcher_that_does_not_answer_is_unavailable_to_clients_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    import grpc
+
+    from gosched.api.servicers import _status_of
+    from gosched.runtime.control import ControlUnavailable
+    from gosched.runtime.ray_control import RayControl
+
+    control = RayControl(Settings(store_path=str(tmp_path / "gosched.db"), shards=1), sim_nodes(4))
+    try:
+        assert control.submit_many([make_job("before").cpu("1").build()]) == ["before"]
+        ray.kill(control.rs.dispatcher, no_restart=True)
+        with pytest.raises(ControlUnavailable, match="may or may not have been accepted") as err:
+            control.submit_many([make_job("during").cpu("1").build()])
+        assert _status_of(err.value) == (grpc.StatusCode.UNAVAILABLE, str(err.value))
+        with pytest.raises(ControlUnavailable):
+            control.job_ids()
+    finally:
+        control.close()
