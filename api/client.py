@@ -31,6 +31,7 @@ from gosched.api.errors import (
     FailedPrecondition,
     GoschedError,
     InvalidArgument,
+    MessageTooLarge,
     NotFound,
     ResourceExhausted,
     Unavailable,
@@ -44,6 +45,10 @@ from gosched.common.states import JobState
 from gosched.proto.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
 
+# Answers may be larger than gRPC's default 4 MiB (a job of 100,000 tasks described in full); a
+# request over the server's limit is refused there, as MessageTooLarge.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
 __all__ = [
     "AlreadyExists",
     "Client",
@@ -52,6 +57,7 @@ __all__ = [
     "GoschedError",
     "InvalidArgument",
     "JobInfo",
+    "MessageTooLarge",
     "NodeInfo",
     "NotFound",
     "QueueInfo",
@@ -85,7 +91,9 @@ class Client:
         self.target = target
         self.timeout = timeout
         self._own_channel = channel is None
-        self.channel = channel if channel is not None else grpc.insecure_channel(target)
+        self.channel = (
+            channel if channel is not None else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        )
         self._jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
 

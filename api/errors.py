@@ -44,6 +44,13 @@ class ResourceExhausted(GoschedError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class MessageTooLarge(GoschedError):
+    """A request or answer over gRPC's message size limit. Not a ResourceExhausted (admission): a
+    client that backs off and retries on those would retry this one for ever."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class FailedPrecondition(GoschedError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -77,4 +84,6 @@ def from_rpc_error(exc: grpc.RpcError) -> GoschedError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     cls = _BY_CODE.get(code, GoschedError)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "message larger than max" in (details or ""):
+        cls = MessageTooLarge  # gRPC's own size check, at either end
     return cls(details or "", code)

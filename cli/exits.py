@@ -17,6 +17,7 @@ from gosched.api.errors import (
     FailedPrecondition,
     GoschedError,
     InvalidArgument,
+    MessageTooLarge,
     NotFound,
     ResourceExhausted,
     Unavailable,
@@ -39,6 +40,7 @@ _CODES: tuple[tuple[type[GoschedError], ExitCode], ...] = (
     (InvalidArgument, ExitCode.USAGE),
     (AlreadyExists, ExitCode.USAGE),  # the server reports it as a spec error on `id`
     (NotFound, ExitCode.NOT_FOUND),
+    (MessageTooLarge, ExitCode.USAGE),  # too big to send or to answer: retrying cannot help
     (ResourceExhausted, ExitCode.EXHAUSTED),
     (Unavailable, ExitCode.UNAVAILABLE),
     (DeadlineExceeded, ExitCode.UNAVAILABLE),  # a unary call timed out: the master did not answer
@@ -82,6 +84,8 @@ def error_message(exc: BaseException, master: str) -> str:
         )
     if isinstance(exc, DeadlineExceeded):
         return f"the master at {master} did not answer in time: {exc.message}"
+    if isinstance(exc, MessageTooLarge):
+        return f"the request or its answer is too large for one gRPC message: {exc.message}"
     if isinstance(exc, ResourceExhausted):
         return f"refused by admission: {exc.message}"
     if isinstance(exc, GoschedError):

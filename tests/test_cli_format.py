@@ -73,6 +73,7 @@ def test_every_error_has_its_exit_code() -> None:
         errors.AlreadyExists("id: exists"): ExitCode.USAGE,
         errors.NotFound("job 'x' not found"): ExitCode.NOT_FOUND,
         errors.ResourceExhausted("too many pending jobs"): ExitCode.EXHAUSTED,
+        errors.MessageTooLarge("Received message larger than max"): ExitCode.USAGE,
         errors.Unavailable("failed to connect"): ExitCode.UNAVAILABLE,
         errors.DeadlineExceeded("deadline"): ExitCode.UNAVAILABLE,
         errors.FailedPrecondition("already finished"): ExitCode.FAILED,
