@@ -74,17 +74,27 @@ class ClassCache:
         self.entries: dict[tuple[object, ...], ClassEntry] = {}
         # Bumped when a score plugin's learned model changes: every cached score is then stale.
         self.model_generation = 0
+        # The last group asked for and its entry: a batch's units share their job's TaskGroup
+        # object (interned, then one object per message), and building and hashing its key cost
+        # more than the one-row refresh.
+        self._last_group: TaskGroup | None = None
+        self._last_entry: ClassEntry | None = None
 
     def models_changed(self) -> None:
         self.model_generation += 1
 
     def entry(self, group: TaskGroup, state: ClusterArrays) -> ClassEntry:
-        key = group.constraint_key()
-        entry = self.entries.get(key)
-        if entry is None:
-            if len(self.entries) >= MAX_CLASSES:
-                self.entries.clear()
-            entry = self.entries[key] = ClassEntry(tc=class_of(group))
+        if group is self._last_group and self._last_entry is not None:
+            entry = self._last_entry
+        else:
+            key = group.constraint_key()
+            found = self.entries.get(key)
+            if found is None:
+                if len(self.entries) >= MAX_CLASSES:
+                    self.entries.clear()
+                found = self.entries[key] = ClassEntry(tc=class_of(group))
+            entry = found
+            self._last_group, self._last_entry = group, entry
         self.refresh(entry, state)
         return entry
 
