@@ -83,11 +83,11 @@ class ShellExecutor:
         argv = ["/bin/sh", "-c", spec.command[0]] if len(spec.command) == 1 else list(spec.command)
         out_path, err_path = self.log_paths(spec.task_id)
         cgroup = None
-        if self.cgroups is not None:
-            cgroup = TaskCgroup.create(self.cgroups, spec.task_id, spec.cpu_milli, spec.memory)
-            # The shell joins the cgroup before it execs the task, so no child escapes the limits.
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.procs), *argv]
         try:
+            if self.cgroups is not None:
+                cgroup = TaskCgroup.create(self.cgroups, spec.task_id, spec.cpu_milli, spec.memory)
+                # The shell joins the cgroup before it execs the task, so no child escapes the limits.
+                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.procs), *argv]
             with out_path.open("ab") as out, err_path.open("ab") as err:
                 proc = subprocess.Popen(
                     argv,
@@ -98,10 +98,12 @@ class ShellExecutor:
                     env=task_env(spec),
                     start_new_session=True,
                 )
-        except OSError as exc:
+        # Not only OSError: Popen raises ValueError for a NUL byte in argv or env, and whatever a
+        # launch hits, the task must be reported failed rather than stay bound here forever.
+        except Exception as exc:
             if cgroup is not None:
                 cgroup.remove()
-            return TaskExit(spec.task_id, None, "failed_to_start", message=str(exc))
+            return TaskExit(spec.task_id, None, "failed_to_start", message=str(exc) or type(exc).__name__)
         self.running[spec.task_id] = _Running(spec, proc, out_path, err_path, cgroup)
         return None
 

@@ -3,6 +3,11 @@
 Whenever the stream breaks or the master cannot be reached, the link registers anew with backoff
 (0.2 s doubling to 5 s); tasks keep running meanwhile. Each registration starts a session: its
 first message is a heartbeat, then whatever waits in the outbox, stamped with the session's ids.
+
+A registration refused with ALREADY_EXISTS means another live agent holds the node's name. A
+link that never had a session gives up at once; one that had tries for NAME_TAKEN_GIVE_UP_S first
+(the master may not have seen its own last stream end yet). Giving up ends run() and calls
+`on_refused`: the agent stops rather than retry forever.
 """
 
 import logging
@@ -23,6 +28,9 @@ BACKOFF_MAX_S = AGENT_MAX_BACKOFF_S  # the master allows for it after a restart
 STABLE_SESSION_S = 5.0  # a session that lasted this long starts the backoff over
 REGISTER_TIMEOUT_S = 5.0
 TAKE_WAIT_S = 0.2  # how often a stream's sender looks whether its session has closed
+# How long a link that had a session keeps trying when told its name is taken: longer than the
+# master waits (3 heartbeats) before it counts a silent stream as no longer holding the name.
+NAME_TAKEN_GIVE_UP_S = 5.0
 # Pings find a master that vanished without closing the connection. Servers refuse pings more
 # often than every 5 minutes by default while they send nothing (GOAWAY "too_many_pings").
 # Pings find a master that vanished without closing the connection within ~15 s; the master's
@@ -52,14 +60,20 @@ class MasterLink:
         on_message: Callable[[agent_pb2.SchedulerMessage], None],
         outbox: Outbox,
         echo: Callable[[str], None],
+        on_refused: Callable[[str], None] | None = None,
+        name_taken_give_up_s: float = NAME_TAKEN_GIVE_UP_S,
     ) -> None:
-        """`registered` reconciles after each registration and returns the session's first heartbeat."""
+        """`registered` reconciles after each registration and returns the session's first heartbeat;
+        `on_refused` is told why when the link gives up because another agent holds the node."""
         self.master = master
         self._register_request = register_request
         self._registered = registered
         self._on_message = on_message
         self.outbox = outbox
         self.echo = echo
+        self._on_refused = on_refused
+        self.name_taken_give_up_s = name_taken_give_up_s
+        self.refused: str | None = None  # why the master refused this agent for good
         self._lock = threading.Lock()
         self._session: Session | None = None
         self._channel: grpc.Channel | None = None
@@ -93,6 +107,7 @@ class MasterLink:
     def run(self) -> None:
         backoff = BACKOFF_FIRST_S
         unreachable_said = False
+        taken_since: float | None = None  # when the master first said the name is taken
         while not self._stop.is_set():
             channel = grpc.insecure_channel(self.master, options=CHANNEL_OPTIONS)
             with self._lock:
@@ -107,11 +122,16 @@ class MasterLink:
                 except grpc.RpcError as exc:
                     if self._stop.is_set():
                         return
-                    if not unreachable_said:
+                    if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                        taken_since = self._name_taken(exc, taken_since)
+                        if taken_since is None:
+                            return
+                    elif not unreachable_said:
                         self.echo(f"cannot register with the master at {self.master}: {_why(exc)}; retrying")
                         unreachable_said = True
                 else:
                     unreachable_said = False
+                    taken_since = None
                     started = time.monotonic()
                     try:
                         why = self._stream(stub, response)
@@ -129,6 +149,21 @@ class MasterLink:
                 channel.close()
             self._stop.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _name_taken(self, exc: grpc.Call, since: float | None) -> float | None:
+        """Another agent holds the node's name: when the master first said so, or None once this
+        link has given up."""
+        now = time.monotonic()
+        give_up_s = self.name_taken_give_up_s if self.sessions_started else 0.0
+        if now - (now if since is None else since) >= give_up_s:
+            self.refused = f"the master at {self.master} refused this agent: {exc.details()}"
+            self._stop.set()
+            if self._on_refused is not None:
+                self._on_refused(self.refused)
+            return None
+        if since is None:
+            self.echo(f"the master refused this agent ({exc.details()}); trying again for {give_up_s:g}s")
+        return now if since is None else since
 
     def _stream(self, stub: agent_pb2_grpc.AgentServiceStub, response: agent_pb2.RegisterResponse) -> str:
         """Hold one session's stream until it breaks; returns why it ended."""
@@ -149,6 +184,7 @@ class MasterLink:
             why = _why(exc)
         finally:
             session.closed.set()
+            call.cancel()  # the master sees the stream end now, not after our next registration
             with self._lock:
                 self._session = None
             self.outbox.wake()

@@ -23,13 +23,13 @@ class LogStream:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
                 return f.read(limit)
-        except FileNotFoundError:
+        except (OSError, ValueError):  # missing, or unopenable (a NUL in the task id): nothing to ship
             return b""
 
     def at_end(self) -> bool:
         try:
             return self.offset >= self.path.stat().st_size
-        except FileNotFoundError:
+        except (OSError, ValueError):  # so that the task's final status still goes out
             return True
 
 

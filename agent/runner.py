@@ -28,7 +28,7 @@ from gosched.agent import cgroups
 from gosched.agent.containers import NO_RUNTIME, RUNTIME_PROBE_S, find_runtime, probe_runtime, runtime_kind
 from gosched.agent.discovery import discover, load_nvml
 from gosched.agent.executor import ShellExecutor
-from gosched.agent.link import MasterLink
+from gosched.agent.link import NAME_TAKEN_GIVE_UP_S, MasterLink
 from gosched.agent.outbox import Outbox, task_of
 from gosched.agent.state import StateFile
 from gosched.agent.tasks import TaskTable
@@ -51,7 +51,12 @@ SHUTDOWN_MESSAGE = "lost: agent shutdown"
 
 
 class WorkDirBusy(RuntimeError):
-    """Another agent process holds the work dir."""
+    """Another agent process holds the work dir (or, as NodeNameTaken, the node's name)."""
+
+
+class NodeNameTaken(WorkDirBusy):
+    """The master refused this agent: another live agent holds the node's name. A WorkDirBusy, so
+    that `gosched agent` reports it the same way: an error line and exit code 1."""
 
 
 def agent_version() -> str:
@@ -79,13 +84,16 @@ class AgentRunner:
         container_runtime: str | None = AUTO,
         runtime_probe_s: float = RUNTIME_PROBE_S,
         shutdown_grace_s: float = 10.0,
+        name_taken_give_up_s: float = NAME_TAKEN_GIVE_UP_S,
         echo: Callable[[str], None] | None = None,
         nvml: Any = AUTO,
     ) -> None:
         """`cpu_milli` / `memory` advertise less than the machine has; `container_runtime` is the
         docker/podman program for tasks with an image (AUTO: look on PATH, None: none), probed
         again every `runtime_probe_s` seconds (0: only at start); `nvml` an initialised
-        pynvml-like module (AUTO: load pynvml, None: a CPU-only node)."""
+        pynvml-like module (AUTO: load pynvml, None: a CPU-only node). If the master says another
+        agent holds the node's name, run() stops and raises NodeNameTaken (once registered, only
+        after `name_taken_give_up_s` of such answers: see agent/link.py)."""
         self.master = master
         self.name = name or socket.gethostname()
         self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir(self.name)
@@ -120,8 +128,16 @@ class AgentRunner:
         self._state = StateFile(self.work_dir / "state.json")
         self._tasks: TaskTable | None = None
         self._held: list[agent_pb2.TaskStatus] = []  # RUNNING reports waiting for the state file
+        self._refused: str | None = None
         self._link = MasterLink(
-            master, self._register_request, self._on_registered, self._on_message, self._outbox, self.echo
+            master,
+            self._register_request,
+            self._on_registered,
+            self._on_message,
+            self._outbox,
+            self.echo,
+            on_refused=self._on_refused,
+            name_taken_give_up_s=name_taken_give_up_s,
         )
         self._next_heartbeat = 0.0
         self._heartbeat_s = 1.0
@@ -155,6 +171,8 @@ class AgentRunner:
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
+        if self._refused is not None:
+            raise NodeNameTaken(self._refused)
 
     def stop(self, kill_tasks: bool = True) -> None:
         """Ask run() to return. With kill_tasks=False the tasks keep running and the next agent
@@ -260,6 +278,13 @@ class AgentRunner:
                 self._release(self._tasks, time.monotonic())
         except Exception:  # one bad message must not take the stream down
             log.exception("could not handle %s from the master", body)
+
+    def _on_refused(self, why: str) -> None:
+        """Another agent holds this node: stop, and kill the tasks (the master counts on that
+        agent for them now, so ours would run twice)."""
+        self._refused = why
+        self.echo(f"stopping: {why}")
+        self.stop(kill_tasks=True)
 
     def _report(self, status: agent_pb2.TaskStatus) -> None:
         self._held.append(status)  # until the state file knows the task (see _release)

@@ -323,8 +323,8 @@ class TaskTable:
             )
         try:
             end = self.executor.start(spec)
-        except OSError as exc:  # e.g. the task's cgroup could not be made
-            return f"failed to start: {exc}"
+        except Exception as exc:  # any launch failure is the task's FAILED status, never a lost launch
+            return f"failed to start: {exc or type(exc).__name__}"
         if end is not None:
             return f"failed to start: {end.message}"
         rec.pid = self.executor.pid(task_id) or 0

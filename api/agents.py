@@ -50,6 +50,10 @@ OPERATOR_STATES = frozenset({NodeState.CORDONED, NodeState.DRAINING})
 KILL_GRACE_S = 10.0
 KILL_ANSWER_S = 5.0  # beyond the grace period, how long a kill waits for the agent's answer
 TICK_S = 0.05
+# A session whose stream is up and that was heard from within this many heartbeats holds its node:
+# another agent registering that name is refused. A stream cut without a word (a half-open
+# connection) goes quiet, so the agent behind it gets its node back once these have passed.
+LIVE_HEARTBEATS = 3
 
 
 @dataclass
@@ -104,6 +108,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         self._operator_state: dict[str, NodeState] = {}  # cordons of nodes lost meanwhile
         service.tick_hooks.append(self.tick)
 
+    @property
+    def _live_s(self) -> float:
+        return LIVE_HEARTBEATS * self.heartbeat_interval_s
+
     def agent_info(self, node: str) -> tuple[float, bool, str]:
         """(seconds since the node's agent was heard from, -1 if none; stream up; its limits)."""
         with self._lock:
@@ -122,6 +130,18 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not ready")
         node = _as_agent_node(node)
         with self.service._changed:  # the tick (liveness) cannot run in between: same lock
+            with self._lock:
+                holder = self.sessions.get(node.name)
+                quiet_s = time.monotonic() - holder.last_seen if holder is not None else 0.0
+                held = holder is not None and holder.connected and quiet_s <= self._live_s
+            if held:
+                # Two agents on one name would both run its tasks and keep knocking each other
+                # off. The agent itself, back after its stream ended, finds the session closed.
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"node {node.name} is held by another agent (connected, heard from "
+                    f"{quiet_s:.1f}s ago): stop it, or give this agent another --name",
+                )
             control = self.service.control
             known = control.nodes([node.name])
             state = known[0].node.state if known else NodeState.READY
@@ -165,15 +185,17 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             target=self._read, args=(session, request_iterator), name=f"agent-{session.node}", daemon=True
         )
         reader.start()
-        while context.is_active():
-            try:
-                msg = session.outbox.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if msg is None:
-                break
-            yield msg
-        session.connected = False
+        try:
+            while context.is_active():
+                try:
+                    msg = session.outbox.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if msg is None:
+                    break
+                yield msg
+        finally:  # also when gRPC closes the generator: a stream that ended no longer holds the node
+            session.connected = False
 
     def _read(self, session: AgentSession, messages: Iterator[Any]) -> None:
         try:

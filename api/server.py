@@ -11,13 +11,16 @@ port: node agents register there and hold their stream.
 """
 
 import contextlib
+import fcntl
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import IO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -49,11 +52,37 @@ SERVICE_NAMES = (
 )
 
 # Agents ping every 10 s to find a dead connection (agent/link.py); accept pings down to 5 s apart.
+# No SO_REUSEPORT (gRPC's Linux default): a second master on the port must fail, not share it.
 SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+class StoreBusy(RuntimeError):
+    """Another master holds the store: two would both run its jobs."""
+
+
+def lock_store(db: Path) -> IO[str]:
+    """Hold `<store>.lock` exclusively for as long as the returned file stays open (the agent's
+    agent.lock does the same for its work dir); StoreBusy if another master holds it."""
+    path = db.with_name(f"{db.name}.lock")
+    handle: IO[str] = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.seek(0)
+        holder = handle.read().strip()
+        handle.close()
+        pid = f" (pid {holder})" if holder else ""
+        raise StoreBusy(f"another master{pid} holds the store {db}: stop it or use another --store") from exc
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 # == serve =========================================================================================
@@ -70,6 +99,7 @@ class ServerHandle:
     http_port: int
     _http_thread: threading.Thread | None = None
     _health_thread: threading.Thread | None = None
+    _store_lock: IO[str] | None = None  # held until stop(): no second master on the store
 
     @property
     def target(self) -> str:
@@ -89,6 +119,9 @@ class ServerHandle:
         for thread in (self._http_thread, self._health_thread):
             if thread is not None:
                 thread.join(5.0)
+        if self._store_lock is not None:
+            self._store_lock.close()  # releases the flock
+            self._store_lock = None
 
     def wait(self) -> None:
         """Block until the gRPC server stops (for a CLI command)."""
@@ -110,6 +143,20 @@ def _track_health(handle: ServerHandle, announced: threading.Event) -> None:
         service.join()
         for name in ("", *SERVICE_NAMES):
             handle.health.set(name, codes.NOT_SERVING)
+
+
+PORT_TAKEN = "the port is taken (another master?) or the address is not this machine's"
+
+
+def _listen(server: grpc.Server, host: str, port: int) -> int:
+    """Bind the gRPC port; an OSError naming it if it is taken (gRPC itself raises RuntimeError)."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {PORT_TAKEN}") from exc
+    if bound == 0:  # older gRPC releases return 0 rather than raise
+        raise OSError(f"cannot listen on {host}:{port}: {PORT_TAKEN}")
+    return bound
 
 
 def control_factory(
@@ -168,6 +215,8 @@ def serve(
     )
     if sim_task_seconds is not None:
         service.tick_hooks.append(SimulatedTasks(sim_task_seconds).tick)
+    # Before anything runs: a second master on this store fails here, naming it.
+    store_lock = None if str(db) == ":memory:" else lock_store(db)
     metrics = SchedulerMetrics(service)
     service.on_round = metrics.observe_round
 
@@ -175,47 +224,61 @@ def serve(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gosched-grpc"),
         options=SERVER_OPTIONS,
     )
-    jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service, logs), server)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
-    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service, gateway), server)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    for name in ("", *SERVICE_NAMES):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    bound_grpc = server.add_insecure_port(f"{host}:{grpc_port}")
-    if bound_grpc == 0:
-        raise OSError(f"cannot listen on {host}:{grpc_port}")
-
-    http_server = None
-    if http_port is not None:
-        http_server = ThreadingHTTPServer((http_host, http_port), http_handler(service, metrics))
-        http_server.daemon_threads = True
-
-    server.start()
-    service.start()
-    handle = ServerHandle(
-        service=service,
-        metrics=metrics,
-        grpc_server=server,
-        health=health_servicer,
-        http_server=http_server,
-        grpc_port=bound_grpc,
-        http_port=http_server.server_address[1] if http_server is not None else 0,
-    )
-    if http_server is not None:
-        handle._http_thread = threading.Thread(
-            target=http_server.serve_forever, name="gosched-http", daemon=True
+    handle: ServerHandle | None = None
+    try:
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service, logs), server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
+        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service, gateway), server)
+        health_servicer = health.HealthServicer(experimental_non_blocking=True)
+        for name in ("", *SERVICE_NAMES):
+            health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        handle._http_thread.start()
-    announced = threading.Event()
-    handle._health_thread = threading.Thread(
-        target=_track_health, args=(handle, announced), name="gosched-health", daemon=True
-    )
-    handle._health_thread.start()
-    if wait_ready:
-        service.wait_ready()
-        announced.wait()
+        bound_grpc = _listen(server, host, grpc_port)
+
+        http_server = None
+        if http_port is not None:
+            try:
+                http_server = ThreadingHTTPServer((http_host, http_port), http_handler(service, metrics))
+            except OSError as exc:  # name the port: "Address already in use" alone does not
+                why = f"cannot serve HTTP on {http_host}:{http_port}: {exc.strerror}"
+                raise OSError(exc.errno, why) from exc
+            http_server.daemon_threads = True
+
+        server.start()
+        service.start()
+        handle = ServerHandle(
+            service=service,
+            metrics=metrics,
+            grpc_server=server,
+            health=health_servicer,
+            http_server=http_server,
+            grpc_port=bound_grpc,
+            http_port=http_server.server_address[1] if http_server is not None else 0,
+            _store_lock=store_lock,
+        )
+        if http_server is not None:
+            handle._http_thread = threading.Thread(
+                target=http_server.serve_forever, name="gosched-http", daemon=True
+            )
+            handle._http_thread.start()
+        announced = threading.Event()
+        handle._health_thread = threading.Thread(
+            target=_track_health, args=(handle, announced), name="gosched-health", daemon=True
+        )
+        handle._health_thread.start()
+        if wait_ready:
+            service.wait_ready()
+            announced.wait()
+    except BaseException:
+        # Nothing half-started stays behind: the port and the store are free for the next try.
+        if handle is not None:
+            handle.stop()
+        else:
+            server.stop(None)
+            if store_lock is not None:
+                store_lock.close()
+        raise
     return handle

@@ -3,6 +3,8 @@ that is not (or no longer) placed on the reporting node are dropped, never appli
 and an operator's cordon survives the node's loss and the agent's return."""
 
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +61,16 @@ class ScriptedAgent:
         status = agent_pb2.TaskStatus(task_id=task_id, state=state, exit_code=exit_code, message=message)
         self.send(task_status=status)
 
+    def keep_beating(self, every_s: float = 0.05) -> None:
+        """Heartbeat until closed, as a live agent does."""
+
+        def beat() -> None:
+            while not self.call.done():
+                self.send(heartbeat=agent_pb2.Heartbeat(time=time.time()))
+                time.sleep(every_s)
+
+        threading.Thread(target=beat, daemon=True).start()
+
     def close(self) -> None:
         self.outgoing.put(None)
         self.call.cancel()
@@ -73,9 +85,11 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 15.0) -> N
         time.sleep(0.05)
 
 
-def start_master(store: Path) -> ServerHandle:
+def start_master(store: Path, node_timeout_s: float = TIMEOUT_S) -> ServerHandle:
     """A master on loopback, in process, with a short node timeout, on the store at `store`."""
-    settings = Settings(store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=TIMEOUT_S)
+    settings = Settings(
+        store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=node_timeout_s
+    )
     return serve(
         settings,
         (),
@@ -84,7 +98,7 @@ def start_master(store: Path) -> ServerHandle:
         host="127.0.0.1",
         runtime="local",
         heartbeat_interval_s=0.2,
-        node_timeout_s=TIMEOUT_S,
+        node_timeout_s=node_timeout_s,
         wait_ready=True,
     )
 
@@ -210,3 +224,73 @@ def test_after_a_master_restart_an_agent_gets_its_backoff_on_top_of_the_timeout(
             wait_for("the task requeued", lambda: client.get(job).state is JobState.PENDING)
     finally:
         second.stop()
+
+
+def connected(client: Client, name: str) -> bool:
+    return any(n.name == name and n.agent_connected for n in client.nodes())
+
+
+def test_a_second_agent_cannot_take_a_live_agents_node(tmp_path: Path) -> None:
+    # A node timeout far longer than the test: the name comes free because the stream ended.
+    master = start_master(tmp_path / "g.db", node_timeout_s=60)
+    first = ScriptedAgent(master.target, "d1")
+    first.keep_beating()
+    try:
+        with Client(master.target, timeout=10) as client:
+            wait_for("the first agent's stream", lambda: connected(client, "d1"))
+            with pytest.raises(grpc.RpcError) as refused:
+                ScriptedAgent(master.target, "d1")
+            assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert "node d1 is held by another agent" in refused.value.details()
+            # The first agent still holds the node: its tasks go to it.
+            job = client.submit({"id": "stays", "cpu": "1", "command": "true"})
+            assert first.launches.get(timeout=10).task_id == f"{job}/0"
+            first.close()  # its stream ends (as when its process dies): it may come back at once
+            wait_for("the stream's end", lambda: not connected(client, "d1"), timeout=5)
+            back = ScriptedAgent(master.target, "d1")
+            try:
+                wait_for("the agent back", lambda: connected(client, "d1"), timeout=5)
+                assert client.node("d1").state is NodeState.READY  # not lost meanwhile
+                assert client.get(job).tasks[0].node == "d1"  # so its task was not requeued
+            finally:
+                back.close()
+    finally:
+        first.close()
+        master.stop()
+
+
+GOSCHED = Path(sys.executable).parent / "gosched"
+
+
+def agent_program(target: str, name: str, work_dir: Path) -> subprocess.Popen[str]:
+    argv = [str(GOSCHED), "agent", "--master", target, "--name", name, "--work-dir", str(work_dir)]
+    return subprocess.Popen(
+        [*argv, "--grace", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_an_agent_program_on_a_taken_name_exits_and_a_killed_one_comes_back(tmp_path: Path) -> None:
+    master = start_master(tmp_path / "g.db", node_timeout_s=60)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with Client(master.target, timeout=10) as client:
+            procs.append(agent_program(master.target, "dup", tmp_path / "a"))
+            wait_for("the first agent", lambda: connected(client, "dup"))
+            procs.append(agent_program(master.target, "dup", tmp_path / "b"))  # same name, elsewhere
+            out, err = procs[-1].communicate(timeout=30)
+            assert procs[-1].returncode == 1, out + err
+            assert "refused this agent: node dup is held by another agent" in err
+            assert procs[0].poll() is None and connected(client, "dup")
+            # kill -9 and straight back (as a supervisor restarts it): its old stream is gone,
+            # so the name is its own again, long before the node timeout.
+            procs[0].kill()
+            procs[0].wait(10)
+            procs.append(agent_program(master.target, "dup", tmp_path / "a"))
+            wait_for("the restarted agent", lambda: connected(client, "dup"), timeout=10)
+            assert procs[-1].poll() is None and client.node("dup").state is NodeState.READY
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.communicate(timeout=15)
+        master.stop()

@@ -29,7 +29,7 @@ from gosched.agent.containers import (
     find_runtime,
     probe_runtime,
 )
-from gosched.agent.runner import AgentRunner, WorkDirBusy
+from gosched.agent.runner import AgentRunner, NodeNameTaken, WorkDirBusy
 from gosched.cli.agent_cmd import parse_labels, parse_taints
 from gosched.common.node import RUNTIME_LABEL, Taint, TaintEffect
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, types_pb2
@@ -74,8 +74,9 @@ def read_pid(path: Path) -> int:
 class FakeMaster(agent_pb2_grpc.AgentServiceServicer):
     """A real AgentService on 127.0.0.1: records what agents send, sends what the test says."""
 
-    def __init__(self, port: int = 0, expected: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int = 0, expected: tuple[str, ...] = (), refuse: str = "") -> None:
         self.expected = list(expected)
+        self.refuse = refuse  # answer every Register with ALREADY_EXISTS and this
         self.registrations: list[agent_pb2.RegisterRequest] = []
         self._messages: list[agent_pb2.AgentMessage] = []
         self._lock = threading.Lock()
@@ -98,6 +99,8 @@ class FakeMaster(agent_pb2_grpc.AgentServiceServicer):
         with self._lock:
             self.registrations.append(request)
             number = len(self.registrations)
+        if self.refuse:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, self.refuse)
         return agent_pb2.RegisterResponse(
             node_name=request.node.name,
             session_id=f"session-{self.port}-{number}",
@@ -349,6 +352,27 @@ def test_an_image_without_a_container_runtime_fails(master: FakeMaster, tmp_path
     assert [s.state for s in master.statuses("img/0")] == [FAILED]
 
 
+def test_a_launch_that_cannot_be_built_is_reported_failed(master: FakeMaster, tmp_path: Path) -> None:
+    # Popen raises ValueError (not OSError) for a NUL byte in argv or env: such a launch must end
+    # as a FAILED status saying why, not as a traceback that leaves the task bound forever.
+    docker = fake_runtime(tmp_path / "bin", "docker", "exit 0")
+    with running_agent(master.address, tmp_path / "agent", container_runtime=str(docker)):
+        wait_for("the stream", lambda: master.heartbeats())
+        master.launch("nul/argv", ["/bin/echo", "a\x00b"])
+        master.launch("nul/env", ["true"], env={"X": "a\x00b"})
+        master.launch("nul/shell", ["echo a\x00b"])
+        master.launch("nul/image", ["echo a\x00b"], image="alpine:3")
+        ends = {t: master.wait_final(f"nul/{t}") for t in ("argv", "env", "shell", "image")}
+        master.launch("ok/0", ["true"])  # the agent carries on
+        assert master.wait_final("ok/0").state == SUCCEEDED
+        beat = wait_for("a later heartbeat", lambda: master.heartbeats()[-1])
+        assert list(beat.running_task_ids) == []
+    for task, end in ends.items():
+        assert (end.state, end.exit_code) == (FAILED, -1), task
+        assert end.message == "failed to start: embedded null byte", task
+        assert [s.state for s in master.statuses(f"nul/{task}")] == [FAILED], task
+
+
 DAEMON_DOWN = (
     "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
 )
@@ -526,6 +550,62 @@ def test_two_agents_cannot_share_a_work_dir(master: FakeMaster, tmp_path: Path) 
         wait_for("the stream", lambda: master.heartbeats())
         with pytest.raises(WorkDirBusy):
             AgentRunner(master.address, "node-b", work_dir=tmp_path).run()
+
+
+TAKEN = "node node-a is held by another agent"
+
+
+def test_an_agent_refused_its_name_stops_with_an_error(tmp_path: Path) -> None:
+    refusing = FakeMaster(refuse=TAKEN)
+    lines: list[str] = []
+    runner = AgentRunner(refusing.address, "node-a", work_dir=tmp_path, echo=lines.append, nvml=None)
+    try:
+        with pytest.raises(NodeNameTaken, match=f"refused this agent: {TAKEN}"):
+            runner.run()  # returns by itself: never registered, so it gives up at once
+    finally:
+        refusing.stop()
+    assert len(refusing.registrations) == 1
+
+
+def test_an_agent_whose_name_was_taken_meanwhile_gives_up_and_kills_its_tasks(
+    master: FakeMaster, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    runner = AgentRunner(
+        master.address, "node-a", work_dir=tmp_path / "agent", shutdown_grace_s=1.0, echo=lines.append,
+        nvml=None, name_taken_give_up_s=1.0,
+    )  # fmt: skip
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    refusing: FakeMaster | None = None
+    try:
+        wait_for("the stream", lambda: master.heartbeats())
+        master.launch("t/0", [f"echo $$ > {tmp_path / 't.pid'}; exec sleep 60"])
+        master.wait_running("t/0")
+        pid = read_pid(tmp_path / "t.pid")
+        master.stop()  # the stream breaks; meanwhile another agent took the name
+        refusing = FakeMaster(master.port, refuse=TAKEN)
+        started = time.monotonic()
+        thread.join(15)
+        assert not thread.is_alive()
+        # It had a session: its own might still hold the name at the master, so it tried a while.
+        assert time.monotonic() - started >= 1.0 and len(refusing.registrations) >= 2
+    finally:
+        runner.stop()
+        thread.join(15)
+        if refusing is not None:
+            refusing.stop()
+    assert [type(e) for e in failure] == [NodeNameTaken]
+    assert not alive(pid)  # that agent runs the node's tasks now: ours would run twice
+    assert any(line.startswith("stopping: the master at") for line in lines)
 
 
 # == the `gosched agent` program ========================================================================

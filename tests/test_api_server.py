@@ -1,5 +1,9 @@
 """The API end to end: real gRPC on loopback, real SQLite, the real Pipeline over simulated nodes."""
 
+import os
+import re
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gosched import Client
 from gosched.api import convert, errors
-from gosched.api.server import ServerHandle, serve
+from gosched.api.server import ServerHandle, StoreBusy, serve
 from gosched.common.config import AdmissionConfig, QueueConfig, Settings
 from gosched.common.node import NodeState
 from gosched.common.spec import job_from_spec
@@ -334,3 +338,55 @@ def test_unavailable_admission_and_restart(tmp_path: Path) -> None:
             assert len(client.nodes()) == 4  # from the store
     finally:
         again.stop()
+
+
+# -- one master per port and per store -----------------------------------------------------------------
+GOSCHED = Path(sys.executable).parent / "gosched"
+
+
+def _master_program(store: Path, grpc_port: int) -> subprocess.CompletedProcess[str]:
+    """`gosched master` in process mode, which must give up at start (so it returns quickly)."""
+    argv = [str(GOSCHED), "master", "--in-process", "--store", str(store)]
+    argv += ["--grpc-port", str(grpc_port), "--http-port", "0"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_second_master_cannot_bind_the_same_grpc_port(tmp_path: Path) -> None:
+    first = serve(_settings(tmp_path / "a.db"), (), grpc_port=0, http_port=None, host="127.0.0.1")
+    try:
+        port = first.grpc_port
+        # gRPC's Linux default is SO_REUSEPORT: the second would share the port, splitting the clients.
+        with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port}: the port is taken"):
+            serve(_settings(tmp_path / "b.db"), (), grpc_port=port, http_port=None, host="127.0.0.1")
+        for host in ("[::]", "0.0.0.0"):  # the master's default host, over the first's loopback
+            with pytest.raises(OSError, match=f":{port}: the port is taken"):
+                serve(_settings(tmp_path / "b.db"), (), grpc_port=port, http_port=None, host=host)
+        # The failed tries left nothing behind: their store is free, and the first still answers.
+        serve(_settings(tmp_path / "b.db"), (), grpc_port=0, http_port=None, host="127.0.0.1").stop()
+        with Client(first.target, timeout=5) as client:
+            client.wait_ready(timeout=10)
+            assert client.status()["ready"]
+        done = _master_program(tmp_path / "c.db", port)
+    finally:
+        first.stop()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: cannot start the master: cannot listen on [::]:{port}" in done.stderr
+
+
+def test_a_second_master_cannot_open_the_same_store(tmp_path: Path) -> None:
+    store = tmp_path / "gosched.db"
+    first = serve(_settings(store), (), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+    try:
+        held = f"another master (pid {os.getpid()}) holds the store {store}"
+        with pytest.raises(StoreBusy, match=re.escape(held)):
+            serve(_settings(store), (), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+        done = _master_program(store, 0)  # another process
+        with Client(first.target, timeout=5) as client:
+            assert client.status()["ready"]  # the refused masters took nothing from the first
+    finally:
+        first.stop()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"holds the store {store}" in done.stderr and "another master" in done.stderr
+    # Released on stop: the next master on the store starts.
+    again = serve(_settings(store), (), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+    again.stop()
