@@ -12,7 +12,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import typer
 
 from gosched.cli import agent_cmd, client_cmds, master_cmds
-from gosched.common.config import load_settings
 
 if TYPE_CHECKING:
     from gosched.bench.runner import RunResult
@@ -277,7 +276,7 @@ def config_show(
 ) -> None:
     """Print the effective configuration (file, then GOSCHED_* env, then flags)."""
     try:
-        settings = load_settings(config)
+        settings = master_cmds.checked_settings(config)
     except Exception as exc:  # pydantic's ValidationError names each bad field
         typer.echo(f"invalid configuration: {exc}", err=True)
         raise typer.Exit(2) from exc

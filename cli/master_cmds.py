@@ -28,10 +28,20 @@ SimSecondsOpt = Annotated[
 
 def _settings(config: str | None, **overrides: Any) -> Settings:
     try:
-        return load_settings(config, **overrides)
+        return checked_settings(config, **overrides)
     except Exception as exc:  # pydantic's ValidationError names each bad field
         typer.echo(f"invalid configuration: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+def checked_settings(config: str | None, **overrides: Any) -> Settings:
+    """load_settings, and the profile's plugin names checked against the registry (the config
+    model itself cannot know them: plugins live in the shard's package)."""
+    from gosched.scheduler_shard.framework.profile import check_profile
+
+    settings = load_settings(config, **overrides)
+    check_profile(settings.profile)
+    return settings
 
 
 def _wait_for_signal(handle: Any) -> None:

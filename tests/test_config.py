@@ -1,5 +1,6 @@
 """load_settings: the YAML file, GOSCHED_* env vars and flags, merged section by section."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,27 @@ def test_a_yaml_syntax_error_names_the_file(tmp_path: Path) -> None:
     path.write_text("shards: [1,\n")
     with pytest.raises(ValueError, match=r"broken\.yaml: not valid YAML"):
         load_settings(path)
+
+
+@pytest.mark.parametrize(
+    ("profile", "error"),
+    [
+        ("filters: [node_ready, nope]", r"profile\.filters\[1\]: unknown plugin 'nope'"),
+        ("scores: [{name: most_alocated}]", r"profile\.scores\[0\]: unknown plugin 'most_alocated'"),
+        ("locating: [resources_fit]", r"profile\.locating\[0\]: unknown plugin 'resources_fit'"),  # a filter
+        ("filters: [anti_affinity, taint_toleration]", None),  # a unit filter is a filter too
+    ],
+)
+def test_config_show_checks_the_profile_plugin_names(tmp_path: Path, profile: str, error: str | None) -> None:
+    from typer.testing import CliRunner
+
+    from gosched.cli.main import app
+
+    path = tmp_path / "gosched.yaml"
+    path.write_text(f"profile:\n  {profile}\n")
+    result = CliRunner().invoke(app, ["config", "show", "-c", str(path)])
+    if error is None:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2
+        assert re.search(error, result.stderr) and "invalid configuration" in result.stderr

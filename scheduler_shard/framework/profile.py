@@ -33,6 +33,26 @@ class Profile:
         return [*self.static_filters, *self.dynamic_filters]
 
 
+def check_profile(cfg: ProfileConfig) -> None:
+    """ValueError naming the first plugin of `cfg` that is unknown or of the wrong kind, as
+    `profile.<list>[i]: reason`: config loading asks this, so that a typo is a configuration
+    error before anything starts."""
+    filter_kinds: tuple[type, ...] = (FilterPlugin, UnitFilterPlugin)
+    lists: list[tuple[str, list[str], tuple[type, ...]]] = [
+        ("locating", cfg.locating, (LocatingPlugin,)),
+        ("grouping", cfg.grouping, (GroupingPlugin,)),
+        ("filters", cfg.filters, filter_kinds),
+        ("scores", [s.name for s in cfg.scores], (ScorePlugin,)),
+        ("victim_searching", cfg.victim_searching, (VictimSearchingPlugin,)),
+        ("candidate_sorting", cfg.candidate_sorting, (CandidateSortingPlugin,)),
+    ]
+    for field, names, kinds in lists:
+        for i, name in enumerate(names):
+            if not any(name in registry.names(kind) for kind in kinds):
+                known = sorted({n for kind in kinds for n in registry.names(kind)})
+                raise ValueError(f"profile.{field}[{i}]: unknown plugin {name!r} (known: {', '.join(known)})")
+
+
 def build_profile(cfg: ProfileConfig) -> Profile:
     static: list[FilterPlugin] = []
     dynamic: list[FilterPlugin] = []
