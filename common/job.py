@@ -93,6 +93,10 @@ class TaskGroup:
             self.preferred_affinity,
             self.tolerations,
             bool(self.image),  # a container runtime needed or not (which image does not matter)
+            # The unit filters read the class's group for these: without them, a group with
+            # anti-affinity and one without would share a class and one of them get the other's.
+            self.anti_affinity,
+            self.role if self.anti_affinity else "",  # the rule spreads the tasks of this role
         )
 
 

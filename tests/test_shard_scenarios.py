@@ -1177,3 +1177,32 @@ def test_a_victim_released_while_its_eviction_awaits_the_binder_stays_released(a
         )
     assert "low/0" not in shard.state.task_row
     assert arrays_view(shard.state) == arrays_view(expected.state)
+
+
+@pytest.mark.parametrize("order", ["plain first", "spread first", "both in one job"])
+def test_anti_affinity_holds_for_its_own_group_only_whatever_shares_the_shard(order: str) -> None:
+    # Groups equal but for anti-affinity (or role) must not share its verdicts in the class cache.
+    nodes = [make_node(f"n{i}").cpu("8").build() for i in range(4)]
+    plain = make_job("plain").cpu("1").replicas(3).build()
+    spread = make_job("spread").cpu("1").replicas(3).anti_affinity("node").build()
+    shard = shard_with(nodes, profile=profile_with_scores("most_allocated"))
+    if order == "both in one job":
+        tf = (
+            make_job("tf")
+            .role("ps")
+            .cpu("1")
+            .group("worker")
+            .cpu("1")
+            .replicas(3)
+            .anti_affinity("node")
+            .build()
+        )
+        placed = {p.task_index: p.node for p in run_units(shard, [tf]).proposals[0].placements}
+        workers = [placed[i] for i in range(4) if tf.group_of(i).role == "worker"]
+        assert len(set(workers)) == 3, placed  # one worker per node; the ps goes where it packs
+        return
+    jobs = [plain, spread] if order == "plain first" else [spread, plain]
+    out = run_units(shard, jobs)
+    nodes_of = {p.job.id: sorted(pl.node for pl in p.placements) for p in out.proposals}
+    assert len(set(nodes_of["spread"])) == 3  # spread, whatever came before it
+    assert len(set(nodes_of["plain"])) == 1  # packed: the other job's rule is not its own
