@@ -4,6 +4,8 @@ whole no matter what the rest of the batch does, so they can be bound without pe
 A proposal is *clean* when
   * it names no victims, has >= max(1, min_needed) placements, and its job is not the job of any
     victim named in the batch (so no eviction or gang break of this batch can touch it);
+  * its job has no anti-affinity rule (the anti_affinity stage looks at other tasks) and carries
+    no labels that a rule of the batch repels (bound early, it would turn that rule's verdict);
   * each of its tasks is valid, unbound, proposed once in the whole batch and named by no victim;
   * each placement's node exists and is schedulable, its GPU pairs match the request (the same
     static checks as the stages), and every extended resource it asks for is known;
@@ -63,6 +65,9 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
     maybe: list[CleanUnit] = []
     # request_error per request object: the batch's jobs mostly share a few (interned groups).
     bad_request: dict[int, bool] = {}
+    # Match labels of the batch's anti-affinity rules: a job carrying them may not be bound ahead
+    # of the proposal whose rule repels it (the stages would have judged that one first).
+    repelled: list[frozenset[tuple[str, str]]] = []
 
     for i, p in enumerate(proposals):
         job = p.job
@@ -79,6 +84,10 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
         if p.held:
             need += max(0, p.held - len(job_tasks.get(jid, ())))
         clean = len(placements) >= max(1, need)
+        for group in groups:
+            if group.anti_affinity:  # the anti_affinity stage looks at other tasks: the stages judge it
+                clean = False
+                repelled.extend(frozenset(r.match_labels) for r in group.anti_affinity if r.match_labels)
         rows: list[int] = []
         for pl in placements:
             idx = pl.task_index
@@ -146,6 +155,9 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
 
         maybe = [u for u in maybe if untouched(u)]
 
+    if repelled and maybe:
+        maybe = [u for u in maybe if not _repelled(set(proposals[u.index].job.labels), repelled)]
+
     if not maybe:
         return []
 
@@ -176,3 +188,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
         return maybe
     hot_rows = set(touched[hot].tolist())
     return [u for u in maybe if hot_rows.isdisjoint(u.rows)]
+
+
+def _repelled(labels: set[tuple[str, str]], repelled: list[frozenset[tuple[str, str]]]) -> bool:
+    return any(wanted <= labels for wanted in repelled)

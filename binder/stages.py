@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gosched.binder.state import BinderState
-from gosched.common.cluster_state import MAX_GPUS
-from gosched.common.job import Job, task_id
+from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
+from gosched.common.job import AntiAffinity, Job, task_id
 from gosched.common.messages import Placement, Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 
@@ -316,11 +316,100 @@ class GpusFree:
         return out
 
 
+class AntiAffinityHolds:
+    """The task's anti-affinity rules still hold against the truth: shards plan in parallel, each
+    blind to what the others propose, so two of them can put repelling tasks in one domain.
+
+    The rules mean what the shard's anti_affinity filter means: per topology domain (a node label;
+    "node" is the node itself, a node without the label is in no domain), with no match labels the
+    job's own tasks of the group's role repel each other, with match labels every task whose job
+    carries them all is repelled. The unit's victims count as gone, its earlier placements as there.
+    """
+
+    name = "anti_affinity"
+
+    def __init__(self) -> None:
+        # Per topology key: the arrays and node generation it was built for, each row's domain and
+        # each domain's rows (a node scan, redone only when nodes change).
+        self._domains: dict[str, tuple[ClusterArrays, int, list[str | None], dict[str, list[int]]]] = {}
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        job = unit.job
+        if not any(g.anti_affinity for g in job.groups):
+            return [None] * len(candidates)
+        a = unit.state.arrays
+        kept: list[tuple[int, str]] = []  # (row, role) of the unit's placements passed so far
+        out: list[str | None] = []
+        for c in candidates:
+            group = job.group_of(c.placement.task_index)
+            reason = None
+            for rule in group.anti_affinity:
+                reason = self._conflict(unit, a, rule, group.role, c.row, kept)
+                if reason is not None:
+                    reason = f"anti-affinity on {rule.topology_key}: {reason}"
+                    break
+            out.append(reason)
+            if reason is None:
+                kept.append((c.row, group.role))
+        return out
+
+    def _conflict(
+        self,
+        unit: UnitCheck,
+        a: ClusterArrays,
+        rule: AntiAffinity,
+        role: str,
+        row: int,
+        kept: list[tuple[int, str]],
+    ) -> str | None:
+        row_domain, members = self._domain_map(a, rule.topology_key)
+        domain = row_domain[row]
+        if domain is None:
+            return None
+        rows = members[domain]
+        job = unit.job
+        wanted = set(rule.match_labels)
+        for other in rows:
+            for r in a.residents[other].values():
+                if r.task_id in unit.victims:
+                    continue
+                if wanted:
+                    if wanted <= set(r.job_labels):
+                        return f"{r.task_id} (labels {dict(rule.match_labels)}) is in {domain}"
+                elif r.job_id == job.id and r.role == role:
+                    return f"{r.task_id} of the same job is in {domain}"
+        own = not wanted or wanted <= set(job.labels)
+        for other, other_role in kept:
+            if own and row_domain[other] == domain and (wanted or other_role == role):
+                return f"another task of the unit is placed in {domain}"
+        return None
+
+    def _domain_map(self, a: ClusterArrays, key: str) -> tuple[list[str | None], dict[str, list[int]]]:
+        cached = self._domains.get(key)
+        if cached is not None and cached[0] is a and cached[1] == a.meta_generation:
+            return cached[2], cached[3]
+        row_domain: list[str | None] = []
+        for node in a.nodes[: a.n]:
+            if node is None:
+                row_domain.append(None)
+            elif key == "node":
+                row_domain.append(node.name)
+            else:
+                row_domain.append(dict(node.labels).get(key))
+        members: dict[str, list[int]] = {}
+        for row, domain in enumerate(row_domain):
+            if domain is not None:
+                members.setdefault(domain, []).append(row)
+        self._domains[key] = (a, a.meta_generation, row_domain, members)
+        return row_domain, members
+
+
 DEFAULT_STAGES: tuple[Stage, ...] = (
     TaskValid(),
     NodeExists(),
     NodeSchedulable(),
     VictimsValid(),
+    AntiAffinityHolds(),
     ResourcesFit(),
     GpusFree(),
 )

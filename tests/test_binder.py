@@ -121,6 +121,15 @@ PINNED = cpu_job("pinned", "4", preemptible=False)
 GANG = make_job("g").cpu("2").mem("1Gi").replicas(3).min_member(3).build()
 GANG2 = make_job("gb").cpu("4").mem("1Gi").replicas(2).min_member(2).build()
 HOLD_GPU0 = make_job("hold").cpu("1").gpus(1).build()
+ZONE_A = [make_node(f"a{i}").cpu("4").mem("16Gi").label(zone="a").build() for i in range(2)]
+
+
+def db_job(job_id: str, topology: str = "node") -> Job:
+    """A task repelling every task of a job labelled app=db (itself included) in its domain."""
+    return make_job(job_id).cpu("1").mem("1Gi").labels(app="db").anti_affinity(topology, app="db").build()
+
+
+SPREAD3 = make_job("spread").cpu("1").mem("1Gi").replicas(3).min_member(2).anti_affinity("node").build()
 
 CASES: dict[str, Case] = {
     "node_gone": Case([N4], [prop(cpu_job("a", "1"), at(0, "ghost"))], rejected=[("a", "node_exists", (0,))]),
@@ -321,6 +330,48 @@ CASES: dict[str, Case] = {
         before=[prop(GANG2, at(0, "n1"), at(1, "n2"))],
         accepted={"high": [0]},
         evicted=[("gb/0", "high"), ("gb/1", "")],
+    ),
+    # Two shards, each blind to the other, put repelling tasks on one node: the second is refused.
+    "anti_affinity_across_jobs": Case(
+        [N4, N4B],
+        [prop(db_job("y"), at(0, "n1")), prop(db_job("z"), at(0, "n2"))],
+        before=[prop(db_job("x"), at(0, "n1"))],
+        accepted={"z": [0]},
+        rejected=[("y", "anti_affinity", (0,))],
+    ),
+    # A job without the labels may sit beside them; one repelled by a rule in the batch may not
+    # jump ahead of it on the fast path (batch order decides, as on the sequential path).
+    "anti_affinity_unlabelled_and_batch_order": Case(
+        [N4],
+        [
+            prop(db_job("y"), at(0, "n1")),
+            prop(cpu_job("plain", "1"), at(0, "n1")),
+            prop(db_job("z"), at(0, "n1")),
+        ],
+        accepted={"y": [0], "plain": [0]},
+        rejected=[("z", "anti_affinity", (0,))],
+    ),
+    # By zone: a node of the same zone is the same domain.
+    "anti_affinity_by_zone": Case(
+        ZONE_A,
+        [prop(db_job("y", "zone"), at(0, "a1"))],
+        before=[prop(db_job("x", "zone"), at(0, "a0"))],
+        rejected=[("y", "anti_affinity", (0,))],
+    ),
+    # The job's own tasks: two on one node lose one placement; the gang (min 2) still binds.
+    "anti_affinity_within_the_unit": Case(
+        [N4, N4B],
+        [prop(SPREAD3, at(0, "n1"), at(1, "n1"), at(2, "n2"))],
+        accepted={"spread": [0, 2]},
+        rejected=[("spread", "anti_affinity", (1,))],
+    ),
+    # A victim being evicted no longer repels.
+    "anti_affinity_victim_gone": Case(
+        [N4],
+        [prop(replace(db_job("y"), priority=100), at(0, "n1", victims=("x/0",)))],
+        before=[prop(db_job("x"), at(0, "n1"))],
+        accepted={"y": [0]},
+        evicted=[("x/0", "y")],
     ),
 }
 
