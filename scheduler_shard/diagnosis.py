@@ -1,17 +1,27 @@
 """Why a task fits nowhere: each filter's count of the nodes it was first to rule out."""
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.messages import Diagnosis
+from gosched.scheduler_shard.framework.interfaces import Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.unit_context import UnitContext
 
 
 def diagnose(
-    profile: Profile, tc: TaskClass, state: ClusterArrays, ctx: UnitContext, note: str = ""
+    profile: Profile,
+    tc: TaskClass,
+    state: ClusterArrays,
+    ctx: UnitContext,
+    note: str = "",
+    unit_rules: Sequence[tuple[str, Mask]] = (),
 ) -> Diagnosis:
+    """`unit_rules`: (reason, rows) the unit was never tried on (its Grouping's domains), counted
+    after the filters, so a node is blamed on the domain only when it would otherwise fit."""
     alive = state.alive[: state.n].copy()
     remaining = alive.copy()
     counts: dict[str, int] = {}
@@ -32,6 +42,11 @@ def diagnose(
                 if hit.any():
                     counts[uf.reason] = counts.get(uf.reason, 0) + int(hit.sum())
                     remaining &= ~hit
+    for reason, ruled_out in unit_rules:
+        hit = ruled_out & remaining
+        if hit.any():
+            counts[reason] = counts.get(reason, 0) + int(hit.sum())
+            remaining &= ~hit
     if remaining.any():
         # Nodes that pass each filter alone but not the unit as a whole (the gang did not fit).
         counts["gang does not fit together"] = int(np.count_nonzero(remaining))

@@ -17,8 +17,9 @@ from gosched.common.job import task_id
 from gosched.common.messages import Diagnosis, Placement, Unit, Unschedulable
 from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache, best_row
 from gosched.scheduler_shard.diagnosis import diagnose
-from gosched.scheduler_shard.framework.interfaces import Mask
+from gosched.scheduler_shard.framework.interfaces import GroupingPlugin, Mask
 from gosched.scheduler_shard.framework.profile import Profile
+from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
 from gosched.scheduler_shard.preemption import find_candidate
 from gosched.scheduler_shard.unit_context import UnitContext
@@ -47,6 +48,7 @@ class Placer:
         (asked only when preempting: they may not be victims)."""
         ctx = UnitContext(unit)
         self._diagnosis: Diagnosis | None = None
+        self._grouping: GroupingPlugin | None = None
         locations: list[Mask | None] = [None]
         if self.profile.locating:
             locations = self.profile.locating[0].locate(unit, own_rows, state)
@@ -55,6 +57,7 @@ class Placer:
             found = grouping.groups(unit, state)
             if found is not None:
                 domains = list(found)
+                self._grouping = grouping
                 break
         # Victims, too, are sought in the shard's own partition first: shards that all search the
         # whole cluster pick the same least important victims, and the binder refuses all but one.
@@ -121,7 +124,7 @@ class Placer:
                 if self._diagnosis is None:
                     # Diagnose while the attempt's own placements are still in the view.
                     note = f"gang needs {need} of {len(indexes)} tasks" if need > 1 else ""
-                    self._diagnosis = diagnose(self.profile, entry.tc, state, ctx, note)
+                    self._diagnosis = self._diagnose(entry.tc, state, ctx, note)
                 if assumed is None:
                     unplaced.append(idx)
                     continue
@@ -151,6 +154,11 @@ class Placer:
             self._mask, self._mask_rows = allowed, rows
         return rows
 
+    def _diagnose(self, tc: TaskClass, state: ClusterArrays, ctx: UnitContext, note: str) -> Diagnosis:
+        # Rows the Grouping plugin kept the unit off are blamed on it (asked only on failure).
+        rules = [] if self._grouping is None else self._grouping.explain(ctx.unit, state)
+        return diagnose(self.profile, tc, state, ctx, note, rules)
+
     def _leftover(self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int]) -> Unschedulable | None:
         return self._unschedulable(ctx, state, unplaced) if unplaced else None
 
@@ -164,7 +172,7 @@ class Placer:
                 if unit.min_needed > 1
                 else ""
             )
-            diagnosis = diagnose(self.profile, tc, state, ctx, note)
+            diagnosis = self._diagnose(tc, state, ctx, note)
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
             diagnosis = replace(diagnosis, note=note)

@@ -102,6 +102,11 @@ class GroupingPlugin:
         """Topology domains to try the whole gang in, best first; None when not applicable."""
         raise NotImplementedError
 
+    def explain(self, unit: Unit, state: ClusterArrays) -> list[tuple[str, Mask]]:
+        """(reason, rows) for "why pending": the rows groups() kept the unit off, and why. Asked
+        only when the unit failed."""
+        return []
+
 
 class VictimSearchingPlugin:
     name = ""

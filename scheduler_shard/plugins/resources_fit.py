@@ -7,6 +7,7 @@ from gosched.common.resources import GPU_MILLI
 from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, RowFilter, Rows
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
+from gosched.scheduler_shard.plugins.gpu_filters import eligibility_reason
 
 
 def _ext_checks(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
@@ -81,5 +82,11 @@ class ResourcesFit(FilterPlugin):
             *_ext_checks(tc, state, rows),
         ]
         if req.wants_gpu:
+            eligible = tc.eligible_gpus(state)
+            if eligible is not None:
+                # No GPU of the wanted model and memory at all is not a matter of usage (a profile
+                # without gpu_model / gpu_memory only has this filter to say so).
+                enough = eligible[rows].sum(axis=1) >= max(1, tc.gpu_whole)
+                checks.append((eligibility_reason(tc), enough))
             checks.append(("insufficient GPU", gpu_fit(tc, state, rows)))
         return [(reason, ~ok) for reason, ok in checks]
