@@ -1,4 +1,5 @@
-"""Tasks left running by a previous agent process: not our children, so watched by polling.
+"""Tasks left running by a previous agent process: not our children, so watched by polling (how
+one ended is what its shim recorded: see agent/shim.py and TaskTable._adopted_exit).
 
 A process is the same one only if both its pid and its creation time match: a pid alone may
 have been reused by an unrelated process since the state file was written.
@@ -37,7 +38,7 @@ def same_process_alive(pid: int, created: float) -> bool:
 
 @dataclass(slots=True)
 class AdoptedProcess:
-    pid: int  # also its process group: every task is started in a session of its own
+    pid: int  # the task's shim, and its process group: every task runs in a session of its own
     created: float
     kill_deadline: float | None = None
 

@@ -1,20 +1,30 @@
 """Runs bound tasks as local processes: a shell command with its GPUs, env, cwd and limits.
 
-Each task runs in its own session (process group) so that a kill reaches its whole tree; stdout
-and stderr go to files the API can stream. A kill sends SIGTERM to the group, then SIGKILL after
-the grace period. Where cgroup v2 is writable, each task gets its own cgroup with its CPU and
-memory limits, and an out-of-memory kill is reported as such.
+Each task runs under a shim (agent/shim.py), in a session (process group) of its own that the
+shim leads, so that a kill reaches the whole tree; stdout and stderr go to files the API can
+stream. The shim records the task's exit code in a file (`status_path`), so that an agent
+restarted meanwhile, which cannot wait() for the task, still learns it; and it exits as the task
+did, so that the agent that started it sees the task's own exit code or signal. A kill sends
+SIGTERM to the group, then SIGKILL after the grace period. Where cgroup v2 is writable, each task
+gets its own cgroup with its CPU and memory limits (the shim stays outside it), and an
+out-of-memory kill is reported as such.
 """
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gosched.agent import shim
 from gosched.agent.cgroups import CgroupSupport, TaskCgroup
+
+SHIM = str(Path(shim.__file__))  # run as a file, by path: it needs nothing of the gosched package
+SHIM_READY_S = 10.0  # how long a launch waits for the shim to say whether the task started
 
 
 @dataclass(slots=True)
@@ -74,6 +84,10 @@ class ShellExecutor:
         stem = task_id.replace("/", "_")
         return self.log_dir / f"{stem}.out", self.log_dir / f"{stem}.err"
 
+    def status_path(self, task_id: str) -> Path:
+        """Where the task's shim records its exit code (agent/shim.py)."""
+        return self.log_dir / f"{task_id.replace('/', '_')}.exit"
+
     def start(self, spec: TaskSpec) -> TaskExit | None:
         """Start the task; a TaskExit right away if it cannot start."""
         if spec.task_id in self.running:
@@ -82,33 +96,30 @@ class ShellExecutor:
             return TaskExit(spec.task_id, None, "failed_to_start", message="empty command")
         argv = ["/bin/sh", "-c", spec.command[0]] if len(spec.command) == 1 else list(spec.command)
         out_path, err_path = self.log_paths(spec.task_id)
+        status = self.status_path(spec.task_id)
         cgroup = None
         try:
+            status.unlink(missing_ok=True)  # a previous run's: never read as this run's
             if self.cgroups is not None:
                 cgroup = TaskCgroup.create(self.cgroups, spec.task_id, spec.cpu_milli, spec.memory)
                 # The shell joins the cgroup before it execs the task, so no child escapes the limits.
                 argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.procs), *argv]
-            with out_path.open("ab") as out, err_path.open("ab") as err:
-                proc = subprocess.Popen(
-                    argv,
-                    stdout=out,
-                    stderr=err,
-                    stdin=subprocess.DEVNULL,
-                    cwd=spec.cwd or None,
-                    env=task_env(spec),
-                    start_new_session=True,
-                )
+            proc, why = _start_shim(argv, spec, out_path, err_path, status)
         # Not only OSError: Popen raises ValueError for a NUL byte in argv or env, and whatever a
         # launch hits, the task must be reported failed rather than stay bound here forever.
         except Exception as exc:
+            why, proc = str(exc) or type(exc).__name__, None
+        if why is not None:
             if cgroup is not None:
                 cgroup.remove()
-            return TaskExit(spec.task_id, None, "failed_to_start", message=str(exc) or type(exc).__name__)
+            return TaskExit(spec.task_id, None, "failed_to_start", message=why)
+        assert proc is not None
         self.running[spec.task_id] = _Running(spec, proc, out_path, err_path, cgroup)
         return None
 
     def pid(self, task_id: str) -> int | None:
-        """The process id of a running task (its process group id too: each task leads its own)."""
+        """The process id of a running task's shim: the task's process group id too (the shim
+        leads the group, the task and its children are in it)."""
         run = self.running.get(task_id)
         return None if run is None else run.proc.pid
 
@@ -148,6 +159,8 @@ class ShellExecutor:
         oom = run.cgroup is not None and run.cgroup.oom_killed()
         if run.cgroup is not None:
             run.cgroup.remove()
+        # The shim exited as the task did: this agent knows the code, the file is not needed.
+        self.status_path(task_id).unlink(missing_ok=True)
         sig = -code if code < 0 else None
         if oom:
             return TaskExit(task_id, code, "oom_killed", sig, "the task exceeded its memory limit")
@@ -162,6 +175,50 @@ class ShellExecutor:
             ended.extend(self.poll())
             time.sleep(0.02)
         return ended
+
+
+def _start_shim(
+    argv: list[str], spec: TaskSpec, out_path: Path, err_path: Path, status: Path
+) -> tuple[subprocess.Popen[bytes] | None, str | None]:
+    """Start argv under a shim: (the shim's process, None), or (None, why argv could not start)."""
+    ready, ready_w = os.pipe()
+    try:
+        try:
+            with out_path.open("ab") as out, err_path.open("ab") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", SHIM, str(status), str(ready_w), *argv],
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    cwd=spec.cwd or None,
+                    env=task_env(spec),
+                    start_new_session=True,
+                    pass_fds=(ready_w,),
+                )
+        finally:
+            os.close(ready_w)  # the shim has its own: EOF comes when it closes that one
+        why = _read_until_eof(ready, SHIM_READY_S)
+    finally:
+        os.close(ready)
+    if why:  # the shim exits at once; nothing else of its group runs
+        proc.wait()
+        return None, why
+    return proc, None
+
+
+def _read_until_eof(fd: int, timeout_s: float) -> str:
+    """What the shim wrote before it closed the pipe: nothing once the task runs. After
+    `timeout_s` (a shim that hangs), the task counts as started: poll() sees how it ends."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()  # not select(): an agent may hold more than 1024 descriptors
+    poller.register(fd, select.POLLIN)
+    while (left := deadline - time.monotonic()) > 0 and poller.poll(left * 1000):
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -1,5 +1,7 @@
 """The tasks this agent runs: launches, kills, exits, service restarts, and the tasks adopted from
-a previous agent process.
+a previous agent process. An adopted task is not this process's child: how it ended is what its
+shim recorded in its exit file (agent/shim.py), read once its process is gone, and unknown only
+if the shim did not get to write it (killed with the task, or the machine restarted).
 
 Not thread-safe: the runner calls it under its lock. RUNNING statuses go out at once through
 `report`; a task's final status waits in its record (`final`) until the runner has shipped the
@@ -22,6 +24,7 @@ from gosched.agent.cgroups import TaskCgroup
 from gosched.agent.containers import NO_RUNTIME, Container, container_name
 from gosched.agent.executor import ShellExecutor, TaskExit, TaskSpec
 from gosched.agent.logship import TaskLogs
+from gosched.agent.shim import read_status
 from gosched.agent.state import SavedTask
 from gosched.proto.v1 import agent_pb2, types_pb2
 
@@ -100,6 +103,7 @@ class TaskRecord:
     pid: int = 0
     created: float = 0.0  # the process's creation time: with the pid, what identifies it
     cgroup: str = ""
+    exit_file: str = ""  # where the task's shim records its exit code
     adopted: AdoptedProcess | None = None  # set when a previous agent process started it
     started_at: float = 0.0  # monotonic, of the current run
     restarts: int = 0
@@ -253,6 +257,7 @@ class TaskTable:
                     container_runtime=rec.container.runtime if rec.container else "",
                     container_name=rec.container.name if rec.container else "",
                     cgroup=rec.cgroup,
+                    exit_file=rec.exit_file,
                     final_state=final.state if final is not None else 0,
                     final_exit_code=final.exit_code if final is not None else 0,
                     final_message=final.message if final is not None else "",
@@ -271,9 +276,10 @@ class TaskTable:
                 log.warning("state of task %s is unreadable (%s): dropped", s.task_id, exc)
                 continue
             logs = TaskLogs.of(s.task_id, Path(s.stdout), Path(s.stderr), (s.stdout_offset, s.stderr_offset))
-            rec = TaskRecord(msg, logs, cgroup=s.cgroup)
+            rec = TaskRecord(msg, logs, cgroup=s.cgroup, exit_file=s.exit_file)
             if s.container_name:
                 rec.container = Container(s.container_runtime, s.container_name)
+            self.records[s.task_id] = rec
             if s.final_state:
                 final_state = cast(State, s.final_state)
                 rec.final = task_status(s.task_id, final_state, s.final_exit_code, s.final_message)
@@ -282,10 +288,11 @@ class TaskTable:
                 rec.adopted = AdoptedProcess(s.pid, s.create_time)
                 rec.started_at = time.monotonic()
                 alive += 1
+            elif s.pid and rec.exit_file and read_status(rec.exit_file) is not None:
+                self._ended(rec, *self._adopted_exit(rec))  # it ended while no agent watched
             else:
                 rec.final = task_status(s.task_id, FAILED, NO_EXIT_CODE, LOST_RESTART)
                 self._clean_up(rec)
-            self.records[s.task_id] = rec
         self.dirty = True
         return alive
 
@@ -331,6 +338,7 @@ class TaskTable:
         rec.created = create_time(rec.pid)
         cgroup = self.executor.cgroup_path(task_id)
         rec.cgroup = "" if cgroup is None else str(cgroup)
+        rec.exit_file = str(self.executor.status_path(task_id))
         rec.adopted = None
         rec.started_at = time.monotonic()
         self.dirty = True
@@ -343,19 +351,30 @@ class TaskTable:
             self.executor.kill(rec.task_id, grace_s)
 
     def _adopted_exit(self, rec: TaskRecord) -> tuple[State, int, str]:
+        """How a task that is not our child ended: as if we had waited for it, from the exit code
+        its shim recorded; without one, only what the kill or the cgroup tells."""
+        oom = bool(rec.cgroup) and TaskCgroup(Path(rec.cgroup)).oom_killed()
+        code = read_status(rec.exit_file) if rec.exit_file else None
+        if code is not None:
+            reason = "oom_killed" if oom else "exited" if rec.killed is None else "killed"
+            end = TaskExit(rec.task_id, code, reason, -code if code < 0 else None)
+            return describe_exit(end, rec.killed, rec.container is not None)
         if rec.killed is not None:
             return FAILED, NO_EXIT_CODE, rec.killed
-        if rec.cgroup and TaskCgroup(Path(rec.cgroup)).oom_killed():
+        if oom:
             return FAILED, NO_EXIT_CODE, "OOM killed"
         return FAILED, NO_EXIT_CODE, EXIT_UNKNOWN
 
     def _clean_up(self, rec: TaskRecord) -> None:
         """What an ended run leaves outside its process: a container (if its client was SIGKILLed),
-        a cgroup (the executor removes those of its own runs; removing one twice is harmless)."""
+        a cgroup, the exit file (read by now; the executor removes those of its own runs, and
+        removing one twice is harmless)."""
         if rec.container is not None:
             rec.container.remove_soon()
         if rec.cgroup:
             TaskCgroup(Path(rec.cgroup)).remove()
+        if rec.exit_file:
+            Path(rec.exit_file).unlink(missing_ok=True)
 
     def _ended(self, rec: TaskRecord, state: State, exit_code: int, message: str) -> None:
         task_id = rec.task_id

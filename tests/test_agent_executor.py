@@ -1,12 +1,15 @@
-"""The agent's executor on real processes: env and GPUs, logs, exit codes, kills of whole trees."""
+"""The agent's executor on real processes: env and GPUs, logs, exit codes, kills of whole trees,
+and the shim that records each task's exit code for an agent that did not start it."""
 
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
 from gosched.agent.cgroups import detect
-from gosched.agent.executor import ShellExecutor, TaskSpec
+from gosched.agent.executor import ShellExecutor, TaskSpec, task_env
+from gosched.agent.shim import read_status
 
 
 @pytest.fixture
@@ -40,6 +43,64 @@ def test_exit_codes(executor: ShellExecutor, command: list[str], code: int) -> N
 def test_missing_program_fails_to_start(executor: ShellExecutor) -> None:
     end = executor.start(TaskSpec("t/0", ["/nonexistent/program", "arg"]))
     assert end is not None and end.reason == "failed_to_start"
+    assert end.message == "[Errno 2] No such file or directory: '/nonexistent/program'"
+    assert executor.running == {}
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "sig"),
+    [
+        (["kill -USR1 $$"], -signal.SIGUSR1, signal.SIGUSR1),  # the shell itself dies of it
+        (["/bin/sh", "-c", "kill -USR1 $$"], -signal.SIGUSR1, signal.SIGUSR1),  # argv
+        (["exit 130"], 130, None),  # an exit code above 128 is not a signal
+    ],
+)
+def test_a_death_by_signal_is_told_from_an_exit_code(
+    executor: ShellExecutor, command: list[str], code: int, sig: int | None
+) -> None:
+    executor.start(TaskSpec("t/0", command))
+    (end,) = executor.wait_all(10)
+    assert (end.exit_code, end.signal, end.reason) == (code, sig, "exited")
+
+
+def test_the_shim_records_the_exit_code_for_an_agent_that_did_not_start_the_task(
+    executor: ShellExecutor, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    executor.start(TaskSpec("t/0", [f"while [ ! -e {go} ]; do sleep 0.02; done; exit 3"]))
+    status = executor.status_path("t/0")
+    time.sleep(0.2)
+    assert read_status(status) is None  # nothing until the task ends
+    go.touch()
+    deadline = time.monotonic() + 5
+    while read_status(status) is None:  # what a restarted agent reads: no wait() needed
+        assert time.monotonic() < deadline, "no exit code recorded"
+        time.sleep(0.02)
+    assert read_status(status) == 3
+    (end,) = executor.wait_all(10)
+    assert end.exit_code == 3 and not status.exists()  # this agent waited: the file is not needed
+    assert list(status.parent.glob("*.exit*")) == []
+
+
+def test_the_task_gets_exactly_its_env(executor: ShellExecutor) -> None:
+    # A C locale makes Python set LC_CTYPE in its own env (PEP 538): not in the task's.
+    spec = TaskSpec("t/0", ["/usr/bin/env", "-0"], env={"LC_ALL": "", "LC_CTYPE": "C", "X": "a b"})
+    executor.start(spec)
+    (end,) = executor.wait_all(10)
+    assert end.exit_code == 0
+    out = executor.log_paths("t/0")[0].read_bytes().decode()
+    seen = dict(item.split("=", 1) for item in out.split("\0") if item)
+    assert seen == task_env(spec)
+
+
+def test_a_killed_task_has_its_grace_period_to_exit(executor: ShellExecutor) -> None:
+    # The SIGTERM reaches the shim too: it must not die of it, or the group is SIGKILLed at once.
+    executor.start(TaskSpec("t/0", ["trap 'sleep 0.3; echo bye; exit 0' TERM; sleep 60 & wait"]))
+    time.sleep(0.2)
+    executor.kill("t/0", grace_s=5)
+    (end,) = executor.wait_all(10)
+    assert (end.reason, end.exit_code) == ("killed", 0)
+    assert executor.log_paths("t/0")[0].read_text() == "bye\n"
 
 
 def test_kill_reaches_the_whole_process_tree(executor: ShellExecutor, tmp_path: Path) -> None:

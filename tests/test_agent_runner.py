@@ -682,8 +682,10 @@ def test_a_restarted_agent_adopts_the_tasks_still_running(tmp_path: Path) -> Non
             proc.wait(10)
         first.stop()
         assert alive(pid["a"]) and alive(pid["c"])
-        os.kill(pid["b"], signal.SIGKILL)  # ad/b ends while no agent watches it
-        wait_for("ad/b to die", lambda: not alive(pid["b"]))
+        shim_b = os.getpgid(pid["b"])  # the task's shim leads its process group
+        # ad/b ends while no agent watches it, and its shim with it: nothing records how it ended.
+        os.killpg(shim_b, signal.SIGKILL)
+        wait_for("ad/b to die", lambda: not alive(pid["b"]) and not alive(shim_b))
 
         second = FakeMaster(expected=("ad/a", "ad/b", "ad/c"))
         try:
@@ -692,8 +694,8 @@ def test_a_restarted_agent_adopts_the_tasks_still_running(tmp_path: Path) -> Non
                 beat = wait_for("a heartbeat", lambda: second.heartbeats())[-1]
                 assert list(beat.running_task_ids) == ["ad/a", "ad/c"]
                 assert alive(pid["a"])
-                stop_file.touch()  # ad/a ends on its own: its exit code is lost with its parent
-                unknown = second.wait_final("ad/a")
+                stop_file.touch()  # ad/a ends on its own: its shim recorded how
+                done = second.wait_final("ad/a")
                 second.kill("ad/c", "preempted")  # a kill reaches an adopted task's whole tree
                 killed = second.wait_final("ad/c")
                 wait_for("ad/c's child to be gone", lambda: not alive(pid["c"]))
@@ -705,8 +707,67 @@ def test_a_restarted_agent_adopts_the_tasks_still_running(tmp_path: Path) -> Non
         first.stop()
         kill_groups(list(pid.values()), since)
     assert (lost.state, lost.message) == (FAILED, "lost: agent restarted")
-    assert (unknown.state, unknown.message) == (FAILED, "exit code unknown (agent restarted)")
+    assert (done.state, done.exit_code, done.message) == (SUCCEEDED, 0, "")
     assert (killed.state, killed.message) == (FAILED, "killed: preempted")
+
+
+def test_a_restarted_agent_reports_how_adopted_tasks_exited(tmp_path: Path) -> None:
+    """The agent cannot wait() for a task a previous agent process started: the task's shim
+    records its exit code, whether the task ends after the new agent adopted it or before."""
+    work, stop, gone = tmp_path / "agent", tmp_path / "stop", tmp_path / "gone"
+
+    def until(path: Path) -> str:
+        return f"echo $$ > {tmp_path}/$GOSCHED_TASK_INDEX.pid; while [ ! -e {path} ]; do sleep 0.05; done"
+
+    tasks = {
+        "ex/ok": f"{until(stop)}; exit 0",
+        "ex/three": f"{until(stop)}; exit 3",
+        "ex/signal": f"{until(stop)}; kill -USR1 $$",  # the task's own process dies of a signal
+        "ex/early": f"{until(gone)}; exit 5",  # ends while no agent runs
+    }
+    since = time.time() - 1
+    pid: dict[str, int] = {}
+    first = FakeMaster()
+    try:
+        with agent_process(first.address, work) as proc:
+            wait_for("the stream", lambda: first.heartbeats(), timeout=10)
+            for index, (task, command) in enumerate(tasks.items()):
+                first.launch(task, [command], index=index)
+            for index, task in enumerate(tasks):
+                first.wait_running(task)
+                pid[task] = read_pid(tmp_path / f"{index}.pid")
+            proc.kill()  # the agent dies; its tasks and their shims do not
+            proc.wait(10)
+        first.stop()
+        shim_early = os.getpgid(pid["ex/early"])
+        gone.touch()
+        wait_for("ex/early and its shim to end", lambda: not alive(shim_early), timeout=10)
+
+        second = FakeMaster(expected=tuple(tasks))
+        try:
+            with agent_process(second.address, work) as proc:
+                early = second.wait_final("ex/early", timeout=10)
+                beat = wait_for("a heartbeat", lambda: second.heartbeats())[-1]
+                assert list(beat.running_task_ids) == ["ex/ok", "ex/signal", "ex/three"]
+                stop.touch()
+                ends = {task: second.wait_final(task) for task in ("ex/ok", "ex/three", "ex/signal")}
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(10) == 0
+                output = proc.stdout.read() if proc.stdout else ""
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        kill_groups(list(pid.values()), since)
+    assert "adopted 3 running task(s) of the previous agent; 1 ended" in output
+    assert (ends["ex/ok"].state, ends["ex/ok"].exit_code, ends["ex/ok"].message) == (SUCCEEDED, 0, "")
+    three = ends["ex/three"]
+    assert (three.state, three.exit_code, three.message) == (FAILED, 3, "exit code 3")
+    killed = ends["ex/signal"]
+    assert (killed.state, killed.exit_code) == (FAILED, 128 + signal.SIGUSR1)
+    assert killed.message == "killed by signal SIGUSR1"
+    assert (early.state, early.exit_code, early.message) == (FAILED, 5, "exit code 5")
+    assert list((work / "logs").glob("*.exit*")) == []  # each one removed once reported
 
 
 # == pieces ===========================================================================================
