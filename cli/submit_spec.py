@@ -6,7 +6,9 @@ Flags build the flat form of common/spec.py (one group). With a file, the job-le
 left to `job_from_spec` (through the Client), whose field paths `flag_for` maps back to flags.
 """
 
+import json
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -104,16 +106,67 @@ def key_values(items: tuple[str, ...] | list[str], flag: str) -> dict[str, str]:
     return out
 
 
+class DuplicateKeyError(ValueError):
+    """A key given twice in one mapping of a job file: the last would silently win."""
+
+    def __init__(self, key: object, line: int | None = None) -> None:
+        super().__init__(f"duplicate key {key!r}" + (f" (line {line})" if line is not None else ""))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate keys (PyYAML keeps the last one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<": overriding merged keys is its purpose
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if duplicate:
+                raise DuplicateKeyError(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a dict, refusing a key given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def load_spec_text(text: str) -> Any:
+    """JSON or YAML text as plain data; DuplicateKeyError or yaml.YAMLError if it is neither."""
+    try:  # json first: PyYAML (YAML 1.1) reads a JSON number such as 1e9 as a string
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except json.JSONDecodeError:
+        pass
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader subclass
+
+
 def read_spec_file(path: str, stdin: TextIO) -> dict[str, Any]:
     """The mapping in a YAML or JSON file ("-": stdin); CliError naming the file if it is not one."""
     name = "stdin" if path == "-" else path
     try:
-        text = stdin.read() if path == "-" else Path(path).read_text()
+        # utf-8-sig: the encoding YAML and JSON files are in, whatever the locale, BOM or not
+        text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8-sig")
+        text.encode("utf-8")  # stdin may carry undecodable bytes as lone surrogates
     except OSError as exc:
         raise CliError(f"cannot read {name}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, UnicodeEncodeError) as exc:
+        raise CliError(f"{name} is not UTF-8 text (at offset {exc.start}): save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)  # JSON is YAML too
-    except yaml.YAMLError as exc:
+        data = load_spec_text(text)
+    except DuplicateKeyError as exc:
+        raise CliError(f"{name}: {exc}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: e.g. a 5000-digit int
         raise CliError(f"{name} is not valid YAML or JSON: {exc}") from None
     if not isinstance(data, dict):
         kind = "nothing" if data is None else type(data).__name__

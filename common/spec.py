@@ -15,11 +15,14 @@ Job spec (every key optional unless marked)::
     min_member: 1              # gang size: 1 <= min_member <= total replicas
     preemptible: true
     kind: batch                # batch | service
-    deadline: 1735689600.0     # unix seconds or ISO-8601 ("2025-01-01T00:00:00Z"; no zone: UTC);
-                               #   after `now` when now is given
+    deadline: 1735689600.0     # unix seconds or ISO-8601 ("2025-01-01T00:00:00Z"; no zone: UTC; an
+                               #   unquoted YAML date/time works too); after `now` when now is given
     labels: {team: vision}     # Kubernetes label syntax
     disruption_budget: 2       # int >= 0, or null: no limit
-    submit_time: 1735680000.0  # default: `now` (or the current time)
+    submit_time: 1735680000.0  # default: `now` (or the current time). Not after now + 60 s when now is
+                               #   given: the priority queue orders by aging*submit_time - priority, so
+                               #   a future time would jump the queue past any priority. Past times are
+                               #   fine (restores and replays keep the original time).
     submission_id: cli-7f3a    # <= 128 chars
     groups:                    # required unless the flat form is used; roles unique
       - role: worker           # label-name syntax, default "main"
@@ -27,9 +30,10 @@ Job spec (every key optional unless marked)::
         command: python train.py --lr 0.1   # required: a string (split like a shell does) or a list
         env: {NCCL_DEBUG: INFO}
         resources:             # these keys may also be written directly in the group
-          cpu: 2               # cores: 2, 0.5, "2", "500m"
+          cpu: 2               # cores: 2, 0.5, "2", "500m"; whole milli-cores ("0.0001" is refused)
           memory: 16Gi         # bytes: 17179869184, "16Gi", "512M"
-          gpus: 1              # whole GPUs (<= 16); a fraction below 1 ("0.5") is a share of one GPU
+          gpus: 1              # whole GPUs (<= 16); a fraction below 1 ("0.5") is a share of one GPU,
+                               #   in whole milli-GPU ("0.9999" and "0.0001" are refused, not rounded)
           gpu_share: 0.25      # or the share as a fraction of one GPU: 0.001..0.999 ("250m" too)
           gpu_milli: 250       # or the share in milli-GPU: 1..999
           gpu_memory: 40Gi     # each assigned GPU must have this much memory (or gpu_memory_mib: 40960)
@@ -70,6 +74,9 @@ Node spec::
 A GPU's memory is given as a quantity (``memory: 80Gi``) or in MiB (``memory_mib: 81920``); NVLink
 peers must be GPUs of the same node that list this GPU back.
 
+Every string must be valid UTF-8 text without NUL characters: strings end up as process arguments,
+environment entries and protobuf fields, none of which can hold them.
+
 Types are strict: an integer field takes an int (not a bool, not a string), a flag takes a bool, and
 null is accepted only where the model allows None (deadline, disruption_budget, a toleration's
 effect). Quantities take numbers or quantity strings. Unknown keys are errors.
@@ -82,7 +89,8 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
@@ -120,6 +128,7 @@ MAX_GPU_MEMORY = 2**40  # 1 TiB per GPU
 MAX_EXTENDED = 10**15
 MAX_TEXT_LEN = 1024  # GPU model names, uuids
 MIB = 2**20
+MAX_CLOCK_SKEW_S = 60.0  # how far ahead of the server's clock a client's submit_time may be
 
 _MISSING: Any = object()  # "key absent", distinct from an explicit null
 
@@ -210,7 +219,9 @@ def _mapping(value: object, path: str, allowed: Collection[str] | None = None) -
             _fail(path, f"keys must be strings, got {_describe(key)}")
         if allowed is not None and key not in allowed:
             close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            _fail(_at(path, key), "unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            # a key that is not clean text goes into the path quoted, so the error itself can be sent
+            where = _at(path, key) if _text_problem(key) is None else _entry(path, key)
+            _fail(where, "unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
     return value
 
 
@@ -220,9 +231,22 @@ def _list(value: object, path: str) -> Sequence[Any]:
     return value
 
 
+def _text_problem(text: str) -> str | None:
+    """Why `text` cannot be a process argument, an environment entry or a protobuf string; None if it can."""
+    if "\x00" in text:  # Popen fails on it ("embedded null byte") after the task is bound
+        return f"contains a NUL character (\\x00) at position {text.index(chr(0))}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a non-UTF-8 byte in argv
+        return f"not valid UTF-8 text: {text[exc.start]!r} at position {exc.start}"
+    return None
+
+
 def _str(value: object, path: str, max_len: int | None = None) -> str:
     if not isinstance(value, str):
         _fail(path, f"expected a string, got {_describe(value)}")
+    if problem := _text_problem(value):
+        _fail(path, problem)
     if max_len is not None and len(value) > max_len:
         _fail(path, f"longer than {max_len} characters ({len(value)})")
     return value
@@ -364,8 +388,29 @@ def _quantity(parse: Callable[[Any, str], int], value: object, path: str, limit:
     return amount
 
 
+def _exact_milli(value: object, path: str, limit: int, limit_text: str, unit: str) -> int:
+    """A milli quantity that must be a whole number of milli: parse_milli rounds ("0.9999" GPU -> 1 GPU,
+    "0.0001" core -> 0), which would silently change what was asked for."""
+    milli = _quantity(parse_milli, value, path, limit, limit_text)
+    # _quantity accepted `value`, so it is an int, a finite float or a number string with "" or "m"
+    if isinstance(value, str):
+        text = value.strip()
+        exact = Decimal(text.removesuffix("m")) * (1 if text.endswith("m") else 1000)
+    elif isinstance(value, float):
+        exact = Decimal(repr(value)) * 1000  # as quantity.py reads a float: its shortest repr
+    elif isinstance(value, int):
+        exact = Decimal(value) * 1000
+    else:  # pragma: no cover - parse_milli refuses every other type
+        _fail(path, f"expected a quantity, got {_describe(value)}")
+    if exact != milli:
+        if exact < 1:
+            _fail(path, f"{_short(value)} is less than 0.001 {unit} (1 milli), the smallest amount")
+        _fail(path, f"{_short(value)} is not a whole number of milli-{unit} (steps of 0.001)")
+    return milli
+
+
 def _cpu(value: object, path: str) -> int:
-    return _quantity(parse_milli, value, path, MAX_CPU_MILLI, "100000 cores")
+    return _exact_milli(value, path, MAX_CPU_MILLI, "100000 cores", "core")
 
 
 def _memory(value: object, path: str) -> int:
@@ -374,9 +419,7 @@ def _memory(value: object, path: str) -> int:
 
 def _gpus(value: object, path: str) -> tuple[int, int]:
     """`gpus` as (whole GPUs, milli share): 2 -> (2, 0); "0.5" -> (0, 500); 1.5 is refused."""
-    milli = _quantity(
-        parse_milli, value, path, MAX_GPUS * GPU_MILLI, f"{MAX_GPUS} GPUs (the most a node holds)"
-    )
+    milli = _exact_milli(value, path, MAX_GPUS * GPU_MILLI, f"{MAX_GPUS} GPUs (the most a node holds)", "GPU")
     if milli % GPU_MILLI == 0:
         return milli // GPU_MILLI, 0
     if milli < GPU_MILLI:
@@ -448,8 +491,12 @@ def _gpu_request(entries: Mapping[str, tuple[Any, str]]) -> tuple[int, int]:
             _fail(path, f"a GPU share is already given by {share_from}")
         if whole:
             _fail(path, "cannot combine whole GPUs (gpus) with a share of one GPU")
-        parse = parse_milli if key == "gpu_share" else parse_count
-        share = _share(_quantity(parse, value, path, GPU_MILLI - 1, "0.999 GPU (999 milli)"), value, path)
+        limit, limit_text = GPU_MILLI - 1, "0.999 GPU (999 milli)"
+        if key == "gpu_share":
+            milli = _exact_milli(value, path, limit, limit_text, "GPU")
+        else:
+            milli = _quantity(parse_count, value, path, limit, limit_text)
+        share = _share(milli, value, path)
         share_from = key
     return whole, share
 
@@ -473,6 +520,8 @@ def _command(value: object, path: str) -> tuple[str, ...]:
     if value is _MISSING:
         _fail(path, "required: the program to run and its arguments")
     if isinstance(value, str):
+        if problem := _text_problem(value):  # checked before splitting, which would keep it in a word
+            _fail(path, problem)
         try:
             argv = shlex.split(value)
         except ValueError as exc:  # unbalanced quotes
@@ -496,6 +545,8 @@ def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for name, text in _mapping(value, path).items():
         where = _entry(path, name)
+        if problem := _text_problem(name):  # the regex below would refuse it too, with a vaguer reason
+            _fail(where, f"name {problem}")
         if not _ENV_NAME.fullmatch(name):
             _fail(where, f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         pairs.append((name, _str(text, where)))
@@ -647,12 +698,18 @@ def _groups(value: object, path: str) -> tuple[TaskGroup, ...]:
 def _deadline(value: object, path: str, now: float | None) -> float | None:
     if value is None:
         return None
-    if isinstance(value, str):
+    moment: datetime | None = None
+    if isinstance(value, datetime):  # YAML reads an unquoted ISO time (2030-01-01T00:00:00Z) as one
+        moment = value
+    elif isinstance(value, date):  # and an unquoted date (2030-01-01) as this: its midnight
+        moment = datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
             _fail(path, f"{_short(value)} is not an ISO-8601 time (give unix seconds as a number)")
-        if moment.tzinfo is None:  # a zone-less time is read as UTC, not as this machine's zone
+    if moment is not None:
+        if moment.tzinfo is None:  # a zone-less time or date is read as UTC, not as this machine's zone
             moment = moment.replace(tzinfo=UTC)
         deadline = moment.timestamp()
     else:
@@ -668,10 +725,14 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
-def _submit_time(value: object, path: str) -> float:
+def _submit_time(value: object, path: str, now: float | None) -> float:
+    """A client's submit_time: never after now (+ skew), or the job would sort ahead of every priority;
+    past times stay valid, as restores and replays give them."""
     t = _number(value, path)
     if t < 0:
         _fail(path, f"must be >= 0, got {value!r}")
+    if now is not None and t > now + MAX_CLOCK_SKEW_S:
+        _fail(path, f"{_short(value)} is in the future (now is {_iso(now)}); omit it to use the current time")
     return t
 
 
@@ -713,7 +774,7 @@ def job_from_spec(
         _fail("min_member", f"min_member {min_member} > total replicas {total}")
     budget = root.get("disruption_budget")
     if "submit_time" in root:
-        submit_time = _submit_time(root["submit_time"], "submit_time")
+        submit_time = _submit_time(root["submit_time"], "submit_time", now)
     else:
         submit_time = time.time() if now is None else now
     return Job(

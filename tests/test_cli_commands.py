@@ -1,6 +1,7 @@
 """The client commands end to end: the typer app (and once the installed `gosched` script) against a
 real master on loopback, over simulated nodes whose tasks stay bound (no task simulator here)."""
 
+import io
 import json
 import re
 import socket
@@ -17,8 +18,9 @@ from typer.testing import CliRunner, Result
 from gosched import Client
 from gosched.api.server import ServerHandle, serve
 from gosched.cli import client_cmds
-from gosched.cli.exits import ExitCode
+from gosched.cli.exits import CliError, ExitCode
 from gosched.cli.main import app
+from gosched.cli.submit_spec import read_spec_file
 from gosched.common.config import QueueConfig, Settings
 from gosched.common.node import NodeState
 from gosched.common.resources import ResourceRequest
@@ -175,6 +177,23 @@ def test_submit_from_yaml_file_and_stdin(server: ServerHandle, client: Client, t
         ),
         ((), "groups: [unclosed\n", "is not valid YAML or JSON"),
         ((), "- a list\n", "a job spec must be a mapping"),
+        ((), "id: d7\nid: d8\ncommand: [echo]\ncpu: 1\n", "bad.yaml: duplicate key 'id' (line 2)"),
+        ((), '{"id": "d7", "command": ["true"], "cpu": 1, "id": "d8"}', "bad.yaml: duplicate key 'id'"),
+        # only the server knows the time: the client's own check lets it through
+        (
+            (),
+            "command: [echo]\ncpu: 1\nsubmit_time: 1.0e+300\n",
+            "error: submit_time: 1e+300 is in the future",
+        ),
+        (("--cpus", "1", "--", "echo", "a\x00b"), None, "command[1] (the command after --): contains a NUL"),
+        # what Python makes of a non-UTF-8 argv byte ($'\xff')
+        (("--cpus", "1", "--", "echo", "\udcff"), None, "command[1] (the command after --): not valid UTF-8"),
+        (
+            ("--gpus", "0.9999", "--", "true"),
+            None,
+            "gpus (--gpus): '0.9999' is not a whole number of milli-GPU",
+        ),
+        (("--cpus", "0.0001", "--", "true"), None, "cpu (--cpus): '0.0001' is less than 0.001 core"),
     ],
 )
 def test_bad_spec_exits_2_naming_the_field(
@@ -193,6 +212,43 @@ def test_bad_spec_exits_2_naming_the_field(
 def test_missing_file_exits_2(server: ServerHandle, tmp_path: Path) -> None:
     result = run(server, "submit", "-f", str(tmp_path / "absent.yaml"))
     assert result.exit_code == 2 and "cannot read" in result.stderr and "absent.yaml" in result.stderr
+
+
+def test_non_utf8_file_exits_2(server: ServerHandle, tmp_path: Path) -> None:
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe")
+    result = run(server, "submit", "-f", str(path))
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f"error: {path} is not UTF-8 text (at offset 0)" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+
+
+def test_read_spec_file_refuses_undecodable_stdin() -> None:
+    # a non-UTF-8 stdin reaches Python as lone surrogates (surrogateescape)
+    stdin = io.TextIOWrapper(io.BytesIO(b"id: \xff\n"), encoding="utf-8", errors="surrogateescape")
+    with pytest.raises(CliError, match=r"stdin is not UTF-8 text \(at offset 4\)"):
+        read_spec_file("-", stdin)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("id: a\ngroups:\n- {role: w, role: v}\n", "duplicate key 'role' (line 3)"),
+        ("a: 1\nb: 2\na: 3\n", "duplicate key 'a' (line 3)"),
+        ('{"groups": [{"env": {"X": "1", "X": "2"}}]}', "duplicate key 'X'"),
+    ],
+)
+def test_read_spec_file_refuses_duplicate_keys(text: str, says: str) -> None:
+    with pytest.raises(CliError, match=re.escape(f"stdin: {says}")):
+        read_spec_file("-", io.StringIO(text))
+
+
+def test_read_spec_file_keeps_yaml_merges_and_json_numbers() -> None:
+    # "<<" merge keys exist to be overridden: not duplicates
+    merged = read_spec_file("-", io.StringIO("base: &b {cpu: 1, memory: 1Gi}\ngroup:\n  <<: *b\n  cpu: 2\n"))
+    assert merged["group"] == {"cpu": 2, "memory": "1Gi"}
+    # JSON is read as JSON: PyYAML would read 1.9e9 as the string "1.9e9"
+    assert read_spec_file("-", io.StringIO('{"deadline": 1.9e9}')) == {"deadline": 1.9e9}
 
 
 def test_duplicate_id_exits_2(server: ServerHandle) -> None:

@@ -6,6 +6,7 @@ import json
 import re
 import time
 from dataclasses import replace
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -492,6 +493,37 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
         "min_member",
         "3 > total",
     ),
+    # NUL would fail Popen ("embedded null byte") once the task is bound; a lone surrogate (a non-UTF-8
+    # argv byte) would fail protobuf encoding: both are refused where the spec is read
+    ("command-list-nul", group(command=["echo", "a\x00b"]), "groups[0].command[1]", "NUL character"),
+    ("command-string-nul", group(command="echo a\x00b"), "groups[0].command", "NUL character"),
+    ("env-value-nul", group(env={"A": "x\x00"}), "groups[0].env['A']", "contains a NUL character"),
+    ("env-name-nul", group(env={"A\x00": "x"}), "groups[0].env['A\\x00']", "name contains a NUL"),
+    ("image-nul", group(image="python\x00"), "groups[0].image", "NUL character"),
+    ("gpu-model-nul", group(gpu_models=["A100\x00"]), "groups[0].gpu_models[0]", "NUL character"),
+    ("submission-id-nul", spec(submission_id="s\x00"), "submission_id", "NUL character"),
+    ("command-list-surrogate", group(command=["echo", "\udcff"]), "groups[0].command[1]", "not valid UTF-8"),
+    ("command-string-surrogate", group(command="echo \ud800"), "groups[0].command", "not valid UTF-8"),
+    ("env-value-surrogate", group(env={"A": "\udcff"}), "groups[0].env['A']", "not valid UTF-8 text"),
+    ("image-surrogate", group(image="\udcff"), "groups[0].image", "not valid UTF-8 text"),
+    ("submission-id-surrogate", spec(submission_id="\ud800"), "submission_id", "not valid UTF-8"),
+    ("unknown-field-surrogate", spec(**{"\ud800": 1}), "['\\ud800']", "unknown field"),
+    # milli quantities are exact: rounding would turn a typo into a different request
+    ("gpus-almost-one", res(gpus="0.9999"), "groups[0].resources.gpus", "not a whole number of milli-GPU"),
+    ("gpus-below-one-milli", res(gpus="0.0001"), "groups[0].resources.gpus", "less than 0.001 GPU"),
+    ("gpus-float-below-one-milli", res(gpus=0.0004), "groups[0].resources.gpus", "less than 0.001 GPU"),
+    ("gpus-whole-and-sliver", res(gpus="1.0004"), "groups[0].resources.gpus", "not a whole number"),
+    ("gpu-share-sub-milli", res(gpu_share="0.0005"), "groups[0].resources.gpu_share", "less than 0.001"),
+    ("gpu-share-fraction", res(gpu_share="0.2505"), "groups[0].resources.gpu_share", "not a whole number"),
+    ("cpu-below-one-milli", res(cpu="0.0001"), "groups[0].resources.cpu", "less than 0.001 core"),
+    ("cpu-float-below-one-milli", res(cpu=0.0001), "groups[0].resources.cpu", "less than 0.001 core"),
+    ("cpu-half-milli", res(cpu="0.5m"), "groups[0].resources.cpu", "less than 0.001 core"),
+    ("cpu-sub-milli-fraction", res(cpu="1.0005"), "groups[0].resources.cpu", "not a whole number"),
+    # a future submit_time would sort the job ahead of every priority
+    ("submit-time-future", spec(submit_time=NOW + 61), "submit_time", "is in the future (now is 2023-11-14"),
+    ("submit-time-absurd", spec(submit_time=1e300), "submit_time", "1e+300 is in the future"),
+    ("deadline-date-past", spec(deadline=date(2020, 1, 1)), "deadline", "not in the future"),
+    ("deadline-datetime-past", spec(deadline=datetime(2020, 1, 1, tzinfo=UTC)), "deadline", "not in the"),
 ]
 
 
@@ -504,6 +536,7 @@ def test_bad_job_spec(spec_: Any, field: str, reason: str) -> None:
     assert caught.value.field == field
     assert reason in caught.value.reason
     assert str(caught.value) == f"{field}: {caught.value.reason}"
+    str(caught.value).encode("utf-8")  # the error itself travels (gRPC): it must be clean text
 
 
 # -- good specs ------------------------------------------------------------------------------------
@@ -670,6 +703,26 @@ GOOD_JOB_SPECS: list[tuple[str, dict[str, Any], Job]] = [
     ("deadline-iso-z", spec(deadline="2030-01-01T00:00:00Z"), main_job(deadline=1_893_456_000.0)),
     ("deadline-iso-naive-is-utc", spec(deadline="2030-01-01T00:00:00"), main_job(deadline=1_893_456_000.0)),
     ("deadline-iso-offset", spec(deadline="2030-01-01T01:00:00+01:00"), main_job(deadline=1_893_456_000.0)),
+    # what YAML makes of an unquoted ISO time or date
+    (
+        "deadline-datetime",
+        spec(deadline=datetime(2030, 1, 1, tzinfo=UTC)),
+        main_job(deadline=1_893_456_000.0),
+    ),
+    (
+        "deadline-datetime-offset",
+        spec(deadline=datetime(2030, 1, 1, 1, tzinfo=timezone(timedelta(hours=1)))),
+        main_job(deadline=1_893_456_000.0),
+    ),
+    (
+        "deadline-datetime-naive-is-utc",
+        spec(deadline=datetime(2030, 1, 1)),
+        main_job(deadline=1_893_456_000.0),
+    ),
+    ("deadline-date-is-utc-midnight", spec(deadline=date(2030, 1, 1)), main_job(deadline=1_893_456_000.0)),
+    # within the allowed clock skew; and any past time (restores, replays) stays valid
+    ("submit-time-skew", spec(submit_time=NOW + 60), main_job(submit_time=NOW + 60)),
+    ("submit-time-past", spec(submit_time=NOW - 86_400), main_job(submit_time=NOW - 86_400)),
     (
         "spark",
         {
@@ -742,6 +795,22 @@ def test_submit_time_defaults_to_now_or_the_clock() -> None:
 
 def test_deadline_is_not_checked_without_now() -> None:
     assert job_from_spec(spec(deadline=10.0)).deadline == 10.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "deadline: 2030-01-01T00:00:00Z",
+        "deadline: 2030-01-01T01:00:00+01:00",
+        "deadline: 2030-01-01T00:00:00",  # no zone: UTC
+        "deadline: 2030-01-01",  # a date: its midnight, UTC
+        "deadline: 2030-01-01 00:00:00",
+    ],
+)
+def test_unquoted_yaml_deadline(text: str) -> None:
+    loaded = yaml.safe_load(f"id: j1\ncommand: x\ncpu: 1\n{text}\n")
+    assert isinstance(loaded["deadline"], date)  # YAML's own type, not a string
+    assert job_from_spec(loaded, now=NOW).deadline == 1_893_456_000.0
 
 
 def test_any_queue_without_known_queues() -> None:
@@ -829,10 +898,25 @@ def test_job_to_spec_is_plain_data() -> None:
     }
 
 
+def _holds_nul(value: object) -> bool:
+    """Whether a NUL character is anywhere in `value` (a spec: strings, mappings and lists)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
 @settings(max_examples=300, deadline=None)
 @given(jobs())
 def test_job_spec_round_trip(job: Job) -> None:
     out = job_to_spec(job)
+    if _holds_nul(out):  # the strategies' free text may hold NUL, which no spec accepts
+        with pytest.raises(SpecError, match="NUL character"):
+            job_from_spec(out)
+        return
     assert job_from_spec(out, known_queues={job.queue}) == job
     assert job_from_spec(json.loads(json.dumps(out))) == job  # and through JSON
 
@@ -856,6 +940,8 @@ BAD_NODE_SPECS: list[tuple[str, Any, str, str]] = [
     ("name-long", node(name="n" * 254), "name", "longer than 253"),
     ("cpu-zero", node(cpu=0), "cpu", "must be more than 0"),
     ("cpu-absurd", node(cpu=200_000), "cpu", "more than 100000 cores"),
+    ("cpu-sub-milli", node(cpu="64.0005"), "cpu", "not a whole number of milli-core"),
+    ("gpu-model-nul", gpus({"model": "A100\x00"}), "gpus[0].model", "NUL character"),
     ("memory-zero", node(memory=0), "memory", "must be more than 0"),
     ("memory-absurd", node(memory="2Pi"), "memory", "more than 1Pi"),
     ("memory-garbage", node(memory="much"), "memory", "not a quantity"),
