@@ -41,6 +41,44 @@ def residents_of(binder: Binder, names: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
+def misfits(binder: Binder, names: Iterable[str]) -> list[str]:
+    """Residents that the named nodes, as they are now, can no longer hold (a node that came back
+    smaller: a GPU gone, less cpu or memory): those on a GPU the node no longer has, then, while
+    cpu, memory or an extended resource is over capacity, the least important of the rest (lowest
+    priority, then the latest started), as preemption would choose."""
+    a = binder.state
+    out: list[str] = []
+    for name in names:
+        row = a.row_of.get(name)
+        node = None if row is None else a.nodes[row]
+        if row is None or node is None:
+            continue
+        residents = sorted(a.residents[row].values(), key=lambda r: (r.priority, -r.start_time, r.task_id))
+        kept = []
+        for r in residents:
+            if any(not a.gpu_exists[row, g] for g, _ in r.gpus):
+                out.append(r.task_id)
+            else:
+                kept.append(r)
+        cpu = sum(r.cpu_milli for r in kept)
+        mem = sum(r.memory for r in kept)
+        ext: dict[str, int] = {}
+        for r in kept:
+            for ename, amount in r.extended:
+                ext[ename] = ext.get(ename, 0) + amount
+        cap = dict(node.extended)
+        for r in kept:  # least important first
+            over_ext = any(amount > cap.get(ename, 0) for ename, amount in ext.items())
+            if cpu <= int(a.cpu_cap[row]) and mem <= int(a.mem_cap[row]) and not over_ext:
+                break
+            out.append(r.task_id)
+            cpu -= r.cpu_milli
+            mem -= r.memory
+            for ename, amount in r.extended:
+                ext[ename] -= amount
+    return out
+
+
 def placements_of(binder: Binder, task_ids: Iterable[str]) -> dict[str, tuple[str, Gpus]]:
     """Where each resident task is: task id -> (node, gpus); tasks not resident are left out."""
     out: dict[str, tuple[str, Gpus]] = {}

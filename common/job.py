@@ -4,7 +4,7 @@ import enum
 from dataclasses import dataclass, field
 
 from gosched.common.fast_pickle import fast_pickle
-from gosched.common.node import TaintEffect
+from gosched.common.node import Taint, TaintEffect
 from gosched.common.resources import ResourceRequest
 
 
@@ -51,6 +51,19 @@ class Toleration:
     operator: str = "Equal"  # Equal | Exists
     value: str = ""
     effect: TaintEffect | None = None
+
+
+def tolerates(tolerations: tuple[Toleration, ...], taint: Taint) -> bool:
+    """Whether one of `tolerations` tolerates `taint` (Kubernetes' rules: an empty key with Exists
+    tolerates every taint; no effect tolerates every effect)."""
+    for tol in tolerations:
+        if tol.effect is not None and tol.effect != taint.effect:
+            continue
+        if tol.operator == "Exists" and (tol.key == "" or tol.key == taint.key):
+            return True
+        if tol.key == taint.key and tol.value == taint.value:
+            return True
+    return False
 
 
 @fast_pickle

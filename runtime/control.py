@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from gosched.common.job import Job, task_id
-from gosched.common.node import Node, NodeState
+from gosched.common.job import Job, split_task_id, task_id, tolerates
+from gosched.common.node import Node, NodeState, TaintEffect
 from gosched.common.snapshots import Counters, Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import HOLDS_RESOURCES, TaskState
 
@@ -71,7 +71,11 @@ class ControlPlane(Protocol):
         ...
 
     # -- nodes -------------------------------------------------------------------------------------------
-    def add_nodes(self, nodes: Sequence[Node]) -> None: ...
+    def add_nodes(self, nodes: Sequence[Node]) -> None:
+        """Register or update nodes. The residents an updated node can no longer hold (on a GPU it
+        lost, over its new capacity, not tolerating a NoExecute taint) are released as lost and
+        queued again; its agent is told to kill them (the gateway's tick)."""
+        ...
 
     def set_node_state(self, name: str, state: NodeState) -> None:
         """KeyError for an unknown node."""
@@ -121,4 +125,30 @@ def with_placements(
             continue
         mine = {i: found[t] for i in range(len(s.task_states)) if (t := task_id(s.job.id, i)) in found}
         out.append(replace(s, placements=mine))
+    return out
+
+
+def untolerated(
+    nodes: Sequence[Node],
+    residents: dict[str, list[str]],
+    jobs: Callable[[list[str]], Sequence[JobSnapshot | None]],
+) -> list[str]:
+    """The tasks in `residents` (node name -> task ids) that do not tolerate a NoExecute taint of
+    their node in `nodes`: such a taint evicts what runs there, not only keeps new tasks off."""
+    out: list[str] = []
+    for node in nodes:
+        no_execute = [t for t in node.taints if t.effect == TaintEffect.NO_EXECUTE]
+        tids = residents.get(node.name, [])
+        if not no_execute or not tids:
+            continue
+        job_ids = sorted({split_task_id(tid)[0] for tid in tids})
+        known = {snap.job.id: snap.job for snap in jobs(job_ids) if snap is not None}
+        for tid in tids:
+            job_id, index = split_task_id(tid)
+            job = known.get(job_id)
+            if job is None:
+                continue  # not the dispatcher's (finished meanwhile): its release is under way
+            tolerations = job.group_of(index).tolerations
+            if not all(tolerates(tolerations, taint) for taint in no_execute):
+                out.append(tid)
     return out

@@ -10,7 +10,7 @@ from gosched.common.job import Job
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
-from gosched.runtime.control import with_placements
+from gosched.runtime.control import untolerated, with_placements
 from gosched.runtime.pipeline import Pipeline
 
 
@@ -66,7 +66,15 @@ class LocalControl:
 
     # -- nodes ------------------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None:
-        self.pipeline.add_nodes(nodes)
+        p = self.pipeline
+        p.add_nodes(nodes)
+        # A node that came back smaller or with a NoExecute taint gives up what it cannot hold.
+        names = [n.name for n in nodes]
+        residents = queries.residents_of(p.binder, names)
+        evict = queries.misfits(p.binder, names)
+        evict += untolerated(nodes, residents, lambda ids: self.jobs(ids, placements=False))
+        if evict:
+            self.lost(list(dict.fromkeys(evict)))
 
     def set_node_state(self, name: str, state: NodeState) -> None:
         self.pipeline.set_node_state(name, state)

@@ -347,6 +347,9 @@ class BinderCore:
     def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
         return queries.residents_of(self.binder, names)
 
+    def misfits(self, names: Sequence[str]) -> list[str]:
+        return queries.misfits(self.binder, names)
+
     def placements(self, task_ids: Sequence[str]) -> dict[str, tuple[str, Gpus]]:
         return queries.placements_of(self.binder, task_ids)
 

@@ -22,7 +22,7 @@ from gosched.common.job import Job
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
-from gosched.runtime.control import ControlUnavailable, with_placements
+from gosched.runtime.control import ControlUnavailable, untolerated, with_placements
 from gosched.runtime.ray_cluster import RayScheduler
 
 P = ParamSpec("P")
@@ -173,6 +173,13 @@ class RayControl:
     # -- nodes ------------------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None:
         self.rs.add_nodes(nodes)
+        # A node that came back smaller or with a NoExecute taint gives up what it cannot hold.
+        names = [n.name for n in nodes]
+        binder = self.rs.binder
+        residents, evict = ray.get([binder.residents.remote(names), binder.misfits.remote(names)])
+        evict += untolerated(nodes, residents, lambda ids: self.jobs(ids, placements=False))
+        if evict:
+            self.lost(list(dict.fromkeys(evict)))
         for shard in self.rs.shards:  # learn them now, not with the next reply (no wait: in order)
             shard.sync.remote()
         self._wake_shards()

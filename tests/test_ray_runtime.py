@@ -146,3 +146,27 @@ def test_a_dispatcher_that_does_not_answer_is_unavailable_to_clients_not_an_inte
             control.job_ids()
     finally:
         control.close()
+
+
+def test_a_node_back_with_fewer_gpus_gives_up_their_tasks_through_the_actors(tmp_path: Path) -> None:
+    from gosched.runtime.ray_control import RayControl
+
+    before = make_node("n").cpu("32").mem("128Gi").gpus(4).build()
+    control = RayControl(Settings(store_path=str(tmp_path / "gosched.db"), shards=1), [before])
+    try:
+        jobs = [make_job(f"g{i}").cpu("1").gpus(1).build() for i in range(4)]
+        control.submit_many(jobs)
+        for _ in range(500):
+            control.step()
+            if len(control.residents(["n"])["n"]) == 4:
+                break
+        control.add_nodes([make_node("n").cpu("32").mem("128Gi").gpus(2).build()])
+        assert sorted(control.residents(["n"])["n"]) == ["g0/0", "g1/0"]
+        states = {
+            s.job.id: s.task_states[0].value
+            for s in control.jobs([j.id for j in jobs], placements=False)
+            if s
+        }
+        assert states == {"g0": "bound", "g1": "bound", "g2": "pending", "g3": "pending"}
+    finally:
+        control.close()

@@ -3,7 +3,7 @@
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
-from gosched.common.job import Toleration
+from gosched.common.job import Toleration, tolerates
 from gosched.common.node import Taint, TaintEffect
 from gosched.scheduler_shard.framework.interfaces import FilterPlugin, Mask, Rows, ScorePlugin, Scores
 from gosched.scheduler_shard.framework.registry import register
@@ -11,17 +11,6 @@ from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.plugins.labels import taint_groups
 
 HARD = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
-
-
-def tolerates(tolerations: tuple[Toleration, ...], taint: Taint) -> bool:
-    for tol in tolerations:
-        if tol.effect is not None and tol.effect != taint.effect:
-            continue
-        if tol.operator == "Exists" and (tol.key == "" or tol.key == taint.key):
-            return True
-        if tol.key == taint.key and tol.value == taint.value:
-            return True
-    return False
 
 
 def first_untolerated(tolerations: tuple[Toleration, ...], taints: tuple[Taint, ...]) -> Taint | None:

@@ -1,0 +1,81 @@
+"""A node that comes back changed (an agent re-registering, an operator's update) gives up the
+residents it can no longer hold: those on a GPU it lost, those over its new capacity (least
+important first), those that do not tolerate a new NoExecute taint. They are queued again."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gosched.common.config import Settings
+from gosched.common.job import Job
+from gosched.common.node import Node
+from gosched.runtime.local_control import LocalControl
+from tests.builders import make_job, make_node
+
+
+@dataclass
+class Case:
+    before: Node
+    after: Node
+    jobs: list[Job]
+    kept: list[str]  # task ids still on the node afterwards
+
+
+GPU4 = make_node("n").cpu("32").mem("128Gi").gpus(4).build()
+CPU8 = make_node("n").cpu("8").mem("64Gi").build()
+
+CASES = {
+    "a GPU gone": Case(
+        GPU4,
+        make_node("n").cpu("32").mem("128Gi").gpus(2).build(),
+        [make_job(f"g{i}").cpu("1").gpus(1).build() for i in range(4)],
+        kept=["g0/0", "g1/0"],  # on GPUs 0 and 1, which the node still has
+    ),
+    "less cpu: the least important go": Case(
+        CPU8,
+        make_node("n").cpu("4").mem("64Gi").build(),
+        [make_job(f"p{i}").cpu("1").priority(i).build() for i in range(8)],
+        kept=["p4/0", "p5/0", "p6/0", "p7/0"],
+    ),
+    "a NoExecute taint evicts the untolerating": Case(
+        CPU8,
+        make_node("n").cpu("8").mem("64Gi").taint("maint", "yes", "NoExecute").build(),
+        [
+            make_job("plain").cpu("1").build(),
+            make_job("tolerant").cpu("1").tolerate("maint", "yes", "NoExecute").build(),
+            make_job("any").cpu("1").tolerate(exists=True).build(),  # an empty key tolerates all
+        ],
+        kept=["any/0", "tolerant/0"],
+    ),
+    "a NoSchedule taint evicts nothing": Case(
+        CPU8,
+        make_node("n").cpu("8").mem("64Gi").taint("maint", "yes", "NoSchedule").build(),
+        [make_job("plain").cpu("1").build()],
+        kept=["plain/0"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_changed_node_gives_up_what_it_can_no_longer_hold(tmp_path: Path, name: str) -> None:
+    case = CASES[name]
+    control = LocalControl(Settings(store_path=str(tmp_path / "gs.db"), shards=1), [case.before])
+    try:
+        control.submit_many(case.jobs)
+        while control.step():
+            pass
+        every = sorted(f"{j.id}/0" for j in case.jobs)
+        assert sorted(control.residents(["n"])["n"]) == every
+        control.add_nodes([case.after])
+        assert sorted(control.residents(["n"])["n"]) == case.kept
+        node = control.nodes(["n"])[0]
+        assert node.cpu_used_milli <= case.after.cpu_milli  # not over-committed any more
+        assert all(used <= 1000 for used in node.gpu_used_milli)
+        # The others are queued again, not lost: pending (nothing else fits them here).
+        for snap in control.jobs([j.id for j in case.jobs], placements=False):
+            assert snap is not None
+            expected = "bound" if f"{snap.job.id}/0" in case.kept else "pending"
+            assert snap.task_states[0].value == expected, snap.job.id
+    finally:
+        control.close()
