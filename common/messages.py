@@ -18,6 +18,19 @@ from gosched.common.node import Node
 
 # -- dispatcher -> shard -----------------------------------------------------------------------
 @fast_pickle
+@dataclass(frozen=True, slots=True)
+class QueueFloor:
+    """The usage a guaranteed queue keeps whatever other queues' preemptions do: the amounts at
+    which its dominant share reaches its guarantee (None: the cluster has none of that resource, so
+    it counts in no share). Evicting its tasks leaves it at or above this in some resource."""
+
+    queue: str
+    cpu_milli: int | None
+    memory: int | None
+    gpu_milli: int | None
+
+
+@fast_pickle
 @dataclass(slots=True)
 class Unit:
     """One scheduling attempt of a job: place `task_indexes`, at least `min_needed` of them."""
@@ -31,6 +44,8 @@ class Unit:
     dispatch_time: float = 0.0
     # The job's tasks holding resources when the unit was dispatched; min_needed counts on them.
     held: int = 0
+    # The other guaranteed queues' floors: no eviction of this unit may take them below.
+    floors: tuple[QueueFloor, ...] = ()
 
 
 @dataclass(slots=True)

@@ -7,12 +7,21 @@ Shares are dominant shares of the cluster (held + in-flight usage). Picking the 
 
 A unit may not take its queue above max_share (max_share 1.0 is not enforced here: the whole
 cluster is the binder's limit, and a full cluster must still let priority preemption happen).
-A unit of a queue below its guarantee may reclaim from the queues above theirs (borrowing).
+A unit of a queue below its guarantee may reclaim from the queues above theirs (borrowing), if
+its queue's share with the unit stays within the guarantee: reclaim gives a guarantee back, it
+does not take a queue past it (else two queues reclaiming from each other would never settle).
+
+Guarantees protect against other queues' preemption too: every unit carries, in `Unit.floors`,
+the floor of each other queue with a guarantee (`QueueFloor`): usage a shard's cross-queue
+evictions must leave that queue, whether they reclaim or preempt by priority. So reclaim takes
+only what others borrow, and a borrower never takes from a queue within its guarantee.
 """
 
+import math
 from collections.abc import Sequence
 
 from gosched.common.config import QueueConfig
+from gosched.common.messages import QueueFloor
 
 EPS = 1e-9
 NOT_ELIGIBLE = float("inf")
@@ -51,8 +60,28 @@ class CapacityPlanner:
         m = self.max_shares[i]
         return m >= 1.0 or share_after <= m + EPS
 
+    def may_reclaim(self, i: int, share: float, share_after: float) -> bool:
+        """A unit of queue i reclaims only to give its guarantee back: below it now, and within it
+        with the unit (one that would borrow anyway uses free room and priority, as borrowers do)."""
+        g = self.guarantees[i]
+        return share < g - EPS and share_after <= g + EPS
+
+    def floors(self, capacity: tuple[int, int, int]) -> list[tuple[QueueFloor, ...]]:
+        """Per queue i: the floors of the other queues with a guarantee (module docstring)."""
+        if not any(capacity):
+            return [() for _ in self.names]
+        floors = [floor_of(n, g, capacity) for n, g in zip(self.names, self.guarantees, strict=True) if g > 0]
+        return [tuple(f for f in floors if f.queue != name) for name in self.names]
+
     def borrowing(self, shares: Sequence[float]) -> frozenset[str]:
         """Queues above their guarantee: their preemptible tasks may be reclaimed."""
         return frozenset(
             n for n, s, g in zip(self.names, shares, self.guarantees, strict=True) if s > g + EPS
         )
+
+
+def floor_of(name: str, guarantee: float, capacity: tuple[int, int, int]) -> QueueFloor:
+    """The usage at which the queue's dominant share reaches `guarantee` (None where the cluster
+    has none of a resource: it counts in no share)."""
+    cpu, memory, gpu = (math.ceil(guarantee * c - EPS) if c else None for c in capacity)
+    return QueueFloor(name, cpu, memory, gpu)

@@ -43,7 +43,7 @@ from dataclasses import replace
 from gosched.common.config import Settings
 from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.job import Job, split_task_id, task_id
-from gosched.common.messages import BindReply, Unit, UnitBatch, Unschedulable
+from gosched.common.messages import BindReply, QueueFloor, Unit, UnitBatch, Unschedulable
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
@@ -125,6 +125,9 @@ class Dispatcher:
         self.skipped_on_restore: list[str] = []  # stored jobs of queues no longer configured
         self._ensure_shards(self.partitions.shards)
         self._group_interner = GroupInterner()
+        self._floors_for: tuple[tuple[int, int, int], list[tuple[QueueFloor, ...]]] = ((-1, -1, -1), [])
+        # Per queue: the job at its head that max_share holds back (for explain of those behind).
+        self._held_back: list[str] = [""] * len(settings.queues)
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -232,6 +235,7 @@ class Dispatcher:
         names = cap.names
         nq = len(queues)
         shares = [usage.queue_share(n) for n in names]
+        floors = self._floors()
         blocked = [False] * nq
         enforce_max = usage.has_capacity
         capped, shares_matter = cap.capped, cap.shares_matter
@@ -267,16 +271,37 @@ class Dispatcher:
             if enforce_max and capped[best]:
                 after = usage.queue_share_after(rec.queue, cpu, mem, gpu)
                 if not cap.fits(best, after):
-                    blocked[best] = True  # head-of-line: the queue waits for its usage to fall
-                    continue
+                    part = self._part_under_cap(rec, idx)
+                    if part is None and self._never_fits(rec, idx):
+                        # No fall in usage would ever let it in: set aside, not at the head.
+                        pq.pop()
+                        self._waiting -= 1
+                        rec.failures += 1
+                        rec.trust_epoch = self._epoch
+                        delay = backoff_delay(
+                            self.settings.retry_backoff_s, self.settings.retry_backoff_max_s, rec.failures
+                        )
+                        self._park(rec, now, delay)
+                        continue
+                    if part is None:
+                        blocked[best] = True  # head-of-line: the queue waits for its usage to fall
+                        self._held_back[best] = rec.job_id
+                        continue
+                    idx = part  # the rest of the job waits for a later unit
+                    cpu, mem, gpu = rec.cost_of(idx)
             pq.pop()
-            reclaim = cap.borrowing(shares) if cap.below_guarantee(best, shares[best]) else NO_RECLAIM
+            reclaim = NO_RECLAIM
+            if cap.below_guarantee(best, shares[best]) and cap.may_reclaim(
+                best, shares[best], usage.queue_share_after(rec.queue, cpu, mem, gpu)
+            ):
+                reclaim = cap.borrowing(shares)
 
             # -- which shard: least loaded; a retry avoids its last shard when loads tie
             load, s = heapq.heappop(heap)
             if s == rec.last_shard and heap and heap[0][0] == load:
                 load, s = heapq.heapreplace(heap, (load, s))
-            batches[s].append(self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, now, updates))
+            unit = self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, floors[best], now, updates)
+            batches[s].append(unit)
             if len(batches[s]) < per_shard_cap:
                 heapq.heappush(heap, (load + 1, s))
             if shares_matter:
@@ -289,6 +314,47 @@ class Dispatcher:
             self._shard_epoch[b.shard_id] = self._epoch
         return out
 
+    def _floors(self) -> list[tuple[QueueFloor, ...]]:
+        """Per queue, the other queues' guarantee floors its units carry (capacity.py)."""
+        cap = self.usage.capacity_tuple
+        if self._floors_for[0] != cap:
+            self._floors_for = (cap, self.capacity.floors(cap))
+        return self._floors_for[1]
+
+    @staticmethod
+    def _need(rec: JobRecord) -> int:
+        """Tasks a unit of the job must place: the rest of its gang, else one."""
+        held, mm = rec.n_held, rec.job.min_member
+        return mm - held if held < mm else 1
+
+    def _part_under_cap(self, rec: JobRecord, idx: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The longest prefix of `idx` that keeps the queue within its max_share, if it holds at
+        least a unit's minimum; None otherwise."""
+        usage, cap = self.usage, self.capacity
+        cpu = mem = gpu = 0
+        n = 0
+        for i in idx:
+            c, m, g = rec.cost(i)
+            if not cap.fits(rec.qi, usage.queue_share_after(rec.queue, cpu + c, mem + m, gpu + g)):
+                break
+            cpu, mem, gpu = cpu + c, mem + m, gpu + g
+            n += 1
+        return idx[:n] if n and n >= self._need(rec) else None
+
+    def _smallest_unit_share(self, rec: JobRecord, idx: tuple[int, ...]) -> float:
+        """The share of the job's next unit at its minimum, with the tasks of its gang it holds
+        (they must run together; tasks beyond min_member may end and make room)."""
+        held: tuple[int, ...] = ()
+        if rec.n_held < rec.job.min_member:
+            held = tuple(i for i, s in enumerate(rec.states) if s in HOLDS_RESOURCES)
+        c0, m0, g0 = rec.cost_of(held)
+        c1, m1, g1 = rec.cost_of(idx[: self._need(rec)])
+        return self.usage.dominant_share((c0 + c1, m0 + m1, g0 + g1))
+
+    def _never_fits(self, rec: JobRecord, idx: tuple[int, ...]) -> bool:
+        """Even with its queue otherwise empty, the job's next unit would pass max_share."""
+        return not self.capacity.fits(rec.qi, self._smallest_unit_share(rec, idx))
+
     def _dispatch(
         self,
         rec: JobRecord,
@@ -296,6 +362,7 @@ class Dispatcher:
         cost: tuple[int, int, int],
         shard: int,
         reclaim: frozenset[str],
+        floors: tuple[QueueFloor, ...],
         now: float,
         updates: Updates,
     ) -> Unit:
@@ -316,9 +383,9 @@ class Dispatcher:
         self._waiting -= 1
         self._inflight += 1
         self.usage.add_inflight(rec.queue, rec.tenant, *cost)
-        held = rec.n_held
-        need = rec.job.min_member - held if held < rec.job.min_member else 1
-        return Unit(rec.job, idx, min(max(1, need), count), rec.attempt, reclaim, now, held)
+        self._held_back[rec.qi] = ""
+        need = min(self._need(rec), count)
+        return Unit(rec.job, idx, need, rec.attempt, reclaim, now, rec.n_held, floors)
 
     # -- answers ---------------------------------------------------------------------------------------
     def on_reply(self, reply: BindReply) -> list[str]:
@@ -831,17 +898,32 @@ class Dispatcher:
         return "\n".join(lines)
 
     def _capacity_note(self, rec: JobRecord) -> str:
-        if not self.usage.has_capacity:
+        idx = rec.pending_indexes()
+        if not self.usage.has_capacity or not self.capacity.capped[rec.qi] or not idx:
             return ""
+        cap = f"max_share {self.capacity.max_shares[rec.qi]:.0%}"
+        need = min(self._need(rec), len(idx))
+        if self._never_fits(rec, idx):
+            alone = self._smallest_unit_share(rec, idx)
+            return (
+                f"cannot run in queue {rec.queue}: its smallest unit ({need} task(s), with the gang's "
+                f"bound ones) needs {alone:.1%} of the cluster, above the queue's {cap}; skipped, "
+                "so that the jobs behind it are not held back"
+            )
         share = self.usage.queue_share(rec.queue)
-        after = self.usage.queue_share_after(rec.queue, *rec.cost_of(rec.pending_indexes()))
-        if self.capacity.fits(rec.qi, after):
-            return ""
-        return (
-            f"held back by capacity: queue {rec.queue} is at {share:.1%} of the cluster and this "
-            f"job's pending tasks would take it to {after:.1%}, above its max_share "
-            f"{self.capacity.max_shares[rec.qi]:.0%}"
-        )
+        after = self.usage.queue_share_after(rec.queue, *rec.cost_of(idx[:need]))
+        if not self.capacity.fits(rec.qi, after):
+            return (
+                f"held back by capacity: queue {rec.queue} is at {share:.1%} of the cluster and this "
+                f"job's next {need} task(s) would take it to {after:.1%}, above its {cap}"
+            )
+        head = self._jobs.get(self._held_back[rec.qi])
+        if head is not None and head is not rec and head.where is Where.QUEUED and rec.where is Where.QUEUED:
+            return (
+                f"queued behind job {head.job_id}, which waits for queue {rec.queue}'s usage to fall "
+                f"within its {cap}"
+            )
+        return ""
 
 
 def _summary(job: Job, state: JobState, states: Sequence[TaskState]) -> str:

@@ -61,6 +61,10 @@ class UsageTracker:
         return np.array(self._cap, np.int64)
 
     @property
+    def capacity_tuple(self) -> tuple[int, int, int]:
+        return self._cap
+
+    @property
     def has_capacity(self) -> bool:
         return self._n_res > 0
 

@@ -1,7 +1,9 @@
 """Victim search for one task: on each node, the fewest, least important victims that make it fit.
 
 Per node (as kube-scheduler does): remove every eligible victim, check the task fits, then reprieve
-victims from the most important down while it still fits. The candidate nodes are then ordered by
+victims from the most important down while it still fits. A victim set is priced (Pricer) with
+the gangs it breaks, and refused if it breaks a disruption budget or takes a queue below its
+guarantee floor. The candidate nodes are then ordered by
 the profile's CandidateSorting plugins. A victim evicted by an earlier proposal of this shard is
 already gone from the view, so it is never claimed twice; across shards the binder checks.
 """
@@ -17,7 +19,8 @@ from gosched.scheduler_shard.framework.interfaces import Candidate, Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
-from gosched.scheduler_shard.unit_context import UnitContext
+from gosched.scheduler_shard.plugins.preemption import PricedCandidate, quota_of
+from gosched.scheduler_shard.unit_context import EVICT, UnitContext
 
 
 def fits_row(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
@@ -25,10 +28,135 @@ def fits_row(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
     return passes_dynamic_filters(entry, state, row) and choose_gpus(entry.tc, state, row) is not None
 
 
-def _budget_left(ctx: UnitContext, victim: Resident) -> int | None:
-    if victim.disruption_budget is None:
-        return None
-    return victim.disruption_budget - ctx.victims_by_job.get(victim.job_id, 0)
+Use = list[int]  # tasks, cpu milli, memory, gpu milli
+
+
+def _add(acc: Use, r: Resident) -> None:
+    acc[0] += 1
+    acc[1] += r.cpu_milli
+    acc[2] += r.memory
+    acc[3] += sum(m for _, m in r.gpus)
+
+
+class Census:
+    """Tasks and usage per job and per queue in the view as it was before the unit's own
+    evictions: what a gang break takes, and what a queue holds against its floor. One scan of
+    the view per unit, and only for a unit whose victims need pricing."""
+
+    __slots__ = ("jobs", "queues")
+
+    def __init__(self, state: ClusterArrays, ctx: UnitContext) -> None:
+        self.jobs: dict[str, Use] = {}
+        self.queues: dict[str, Use] = {}
+        for row in range(state.n):
+            for r in state.residents[row].values():
+                self._count(r)
+        own = ctx.unit.job.id
+        for action, _, r in ctx.log:
+            if action == EVICT and r.job_id != own and r.task_id not in state.task_row:
+                self._count(r)  # evicted by the unit already: put back
+
+    def _count(self, r: Resident) -> None:
+        job = self.jobs.get(r.job_id)
+        if job is None:
+            job = self.jobs[r.job_id] = [0, 0, 0, 0]
+        _add(job, r)
+        queue = self.queues.get(r.queue)
+        if queue is None:
+            queue = self.queues[r.queue] = [0, 0, 0, 0]
+        _add(queue, r)
+
+
+class Pricer:
+    """Judges victim sets for one task of a unit, counting with the unit's earlier victims:
+
+    - a victim whose job would fall below its min_member takes every bound task of the job with
+      it (the binder breaks the gang), and that is what the eviction costs;
+    - a job's disruption_budget bounds its tasks one unit takes, gang breaks included;
+    - a task of another queue with a floor (quota_of) is a victim only while its queue keeps
+      the floor in some resource, gang breaks included: no preemption takes a queue below its
+      guarantee, whoever preempts and whatever the priority.
+    """
+
+    __slots__ = ("_taken", "ctx", "done", "floors", "own_job", "own_queue", "state")
+
+    def __init__(self, state: ClusterArrays, ctx: UnitContext) -> None:
+        self.state, self.ctx = state, ctx
+        job = ctx.unit.job
+        self.own_job, self.own_queue = job.id, job.queue
+        self.floors = quota_of(ctx.unit).floors
+        self.done: dict[str, list[Resident]] = {}  # the unit's victims so far, by job
+        for action, _, r in ctx.log:
+            if action == EVICT and r.job_id != self.own_job:
+                self.done.setdefault(r.job_id, []).append(r)
+        self._taken: dict[str, Use] | None = None
+
+    def _floored(self, r: Resident) -> bool:
+        return r.queue != self.own_queue and r.queue in self.floors
+
+    def simple(self, r: Resident) -> bool:
+        """Evicting `r` costs just `r` and breaks no rule: no budget, no gang, no floor."""
+        return r.disruption_budget is None and r.min_member <= 1 and not self._floored(r)
+
+    def census(self) -> Census:
+        if self.ctx.census is None:
+            self.ctx.census = Census(self.state, self.ctx)
+        return self.ctx.census
+
+    def _removed(self, first: Resident, direct: list[Resident]) -> Use:
+        """What the job of `first` loses with `direct` evicted: them, or all of it if they break
+        its gang."""
+        acc = [0, 0, 0, 0]
+        for v in direct:
+            _add(acc, v)
+        if first.min_member > 1 and direct:
+            whole = self.census().jobs.get(first.job_id)
+            if whole is not None and whole[0] - acc[0] < first.min_member:
+                return list(whole)
+        return acc
+
+    def _taken_before(self, queue: str) -> Use:
+        if self._taken is None:
+            self._taken = {}
+            for vs in self.done.values():
+                if self._floored(vs[0]):
+                    acc = self._taken.setdefault(vs[0].queue, [0, 0, 0, 0])
+                    for i, x in enumerate(self._removed(vs[0], vs)):
+                        acc[i] += x
+        return self._taken.get(queue, [0, 0, 0, 0])
+
+    def price(self, victims: list[Resident]) -> tuple[int, int] | None:
+        """(tasks lost, their priorities summed) if evicting `victims` keeps every rule, else None."""
+        by_job: dict[str, list[Resident]] = {}
+        for v in victims:
+            by_job.setdefault(v.job_id, []).append(v)
+        lost = lost_priority = 0
+        more: dict[str, Use] = {}
+        for job, vs in by_job.items():
+            first = vs[0]
+            if self.simple(first):
+                lost += len(vs)
+                lost_priority += sum(v.priority for v in vs)
+                continue
+            prior = self.done.get(job, [])
+            before = self._removed(first, prior)
+            after = self._removed(first, [*prior, *vs])
+            if first.disruption_budget is not None and after[0] > first.disruption_budget:
+                return None
+            n = after[0] - before[0]
+            lost += n
+            lost_priority += n * first.priority
+            if self._floored(first):
+                acc = more.setdefault(first.queue, [0, 0, 0, 0])
+                for i in range(4):
+                    acc[i] += after[i] - before[i]
+        for queue, extra in more.items():
+            held = self.census().queues.get(queue, [0, 0, 0, 0])
+            prior_taken = self._taken_before(queue)
+            left = [held[i] - prior_taken[i] - extra[i] for i in range(1, 4)]
+            if not any(f is not None and x >= f for x, f in zip(left, self.floors[queue], strict=True)):
+                return None  # the queue would fall below its guarantee
+        return lost, lost_priority
 
 
 def victims_on_row(
@@ -36,24 +164,27 @@ def victims_on_row(
     state: ClusterArrays,
     row: int,
     eligible: list[Resident],
-    ctx: UnitContext,
-) -> list[Resident] | None:
-    """Smallest victim set on `row` (after reprieve) that lets the task fit; None if none does."""
+    pricer: Pricer,
+) -> PricedCandidate | None:
+    """Smallest victim set on `row` (after reprieve) that lets the task fit, priced with what its
+    gang breaks take; None if none does or the set breaks a budget or a queue floor."""
     tc = entry.tc
     req = tc.request
     if not req.wants_gpu and not req.extended and not any(r.gpus or r.extended for r in eligible):
         victims = _cpu_memory_victims(tc, state, row, eligible)
     else:
         victims = _victims_by_trial(entry, state, row, eligible)
-    if victims is None:
+    if not victims:
         return None
-    per_job: dict[str, int] = {}
-    for v in victims:
-        per_job[v.job_id] = per_job.get(v.job_id, 0) + 1
-        left = _budget_left(ctx, v)
-        if left is not None and per_job[v.job_id] > left:
-            return None  # would break that job's disruption budget
-    return victims
+    price = pricer.price(victims)
+    if price is None:
+        return None
+    return PricedCandidate(row, victims, *price)
+
+
+def _reprieve_order(r: Resident) -> tuple[int, bool, float]:
+    # The most important first; at equal priority gang members (evicting one may break the gang).
+    return (-r.priority, r.min_member <= 1, r.start_time)
 
 
 def _cpu_memory_victims(
@@ -66,7 +197,7 @@ def _cpu_memory_victims(
     if cpu_free < req.cpu_milli or mem_free < req.memory:
         return None
     victims: list[Resident] = []
-    for r in sorted(eligible, key=lambda r: (-r.priority, r.start_time)):
+    for r in sorted(eligible, key=_reprieve_order):
         if cpu_free - r.cpu_milli >= req.cpu_milli and mem_free - r.memory >= req.memory:
             cpu_free -= r.cpu_milli  # reprieved: it stays
             mem_free -= r.memory
@@ -87,7 +218,7 @@ def _victims_by_trial(
         if not fits_row(entry, state, row):
             return None
         victims: list[Resident] = []
-        for r in sorted(removed, key=lambda r: (-r.priority, r.start_time)):
+        for r in sorted(removed, key=_reprieve_order):
             state.place(row, r)
             if not fits_row(entry, state, row):
                 state.release(r.task_id)
@@ -164,6 +295,7 @@ def find_candidate(
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     job_id = unit.job.id
     may_evict = [p.eligible for p in profile.victim_searching]
+    pricer = Pricer(state, ctx)
     # A row where the task would fit if placements still awaiting the binder were victims too.
     held_back = False
     for row in np.flatnonzero(base).tolist():
@@ -180,16 +312,15 @@ def find_candidate(
                     break
             else:
                 continue
-            left = _budget_left(ctx, r)
-            if left is None or left > 0:
+            if pricer.simple(r) or pricer.price([r]) is not None:
                 (in_flight if r.task_id in assumed else eligible).append(r)
         if in_flight and not held_back:
             held_back = could_fit(tc, state, row, eligible + in_flight)
         if not eligible or not could_fit(tc, state, row, eligible):
             continue
-        victims = victims_on_row(entry, state, row, eligible, ctx)
-        if victims:
-            candidates.append(Candidate(row, victims))
+        candidate = victims_on_row(entry, state, row, eligible, pricer)
+        if candidate is not None:
+            candidates.append(candidate)
             if len(candidates) >= limit:
                 break
     if not candidates:

@@ -6,9 +6,13 @@ redoes the assumptions still in flight.
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.messages import AcceptedUnit, Placement, Unit
+
+if TYPE_CHECKING:
+    from gosched.scheduler_shard.preemption import Census
 
 PLACE = "place"
 EVICT = "evict"
@@ -27,6 +31,9 @@ class UnitContext:
     victims_by_job: dict[str, int] = field(default_factory=dict)
     # The victim search passed over a task it could have evicted, because it awaits the binder.
     victims_in_flight: bool = False
+    # Jobs and queues in the view before this unit's evictions (preemption.Census), built once
+    # the unit's victims need pricing.
+    census: "Census | None" = None
 
     def place(self, state: ClusterArrays, row: int, resident: Resident, placement: Placement) -> None:
         state.place(row, resident)

@@ -4,6 +4,7 @@ import pytest
 
 from gosched.common.config import QueueConfig
 from gosched.dispatcher.capacity import NOT_ELIGIBLE, CapacityPlanner
+from gosched.scheduler_shard.plugins.preemption import quota_of
 from tests.builders import make_job
 from tests.test_dispatcher_support import CPU, GI, accept, dispatcher, evict, units
 
@@ -36,7 +37,7 @@ def test_a_lone_queue_is_dispatched_up_to_its_max_share_and_no_further():
     assert d.pending_count() == 20
     assert "queue a is at 80.0% of the cluster" in d.explain("a80")
     assert "to 81.0%, above its max_share 80%" in d.explain("a80")
-    assert all(u.reclaim_from == frozenset() for u in first)
+    assert all(quota_of(u).reclaim == frozenset() for u in first)
 
 
 def test_other_queues_come_first_and_reclaim_from_the_borrower():
@@ -49,7 +50,7 @@ def test_other_queues_come_first_and_reclaim_from_the_borrower():
     us = units(d.next_batches())
     assert {u.job.queue for u in us} == {"b", "c"}
     assert len(us) == 15
-    assert all(u.reclaim_from == frozenset({"a"}) for u in us)
+    assert all(quota_of(u).reclaim == frozenset({"a"}) for u in us)
 
 
 def test_below_guarantee_order_is_by_share_over_guarantee():
@@ -68,7 +69,7 @@ def test_units_above_the_guarantee_reclaim_nothing():
     submit(d, "b", 60)
     us = units(d.next_batches())
     assert len(us) == 50  # b may borrow to 50%
-    reclaiming = [u for u in us if u.reclaim_from]
+    reclaiming = [u for u in us if quota_of(u).reclaim]
     assert reclaiming == []  # nobody else borrows
 
 
@@ -91,10 +92,8 @@ def test_max_share_blocks_the_queue_head_but_not_other_queues():
     submit(d, "c", 3)
     us = units(d.next_batches())
     assert [u.job.queue for u in us] == ["c", "c", "c"]
-    assert (
-        "queue b is at 0.0% of the cluster and this job's pending tasks would take it to 60.0%, "
-        in d.explain("b0")
-    )
+    assert "cannot run in queue b: its smallest unit (1 task(s)" in d.explain("b0")
+    assert "needs 60.0% of the cluster, above the queue's max_share 50%" in d.explain("b0")
 
 
 def test_released_usage_lets_a_capped_queue_go_on():

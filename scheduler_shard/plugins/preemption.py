@@ -2,13 +2,19 @@
 
 priority_victims: preemptible tasks of lower priority. capacity_reclaim: preemptible tasks of a
 queue that borrows beyond its guarantee, when the preemptor's queue reclaims (the dispatcher says
-which queues in Unit.reclaim_from), whatever their priority. lexicographic: fewest-harm order.
+which queues in Unit.reclaim_from), whatever their priority. Either way a task of another queue is
+a victim only while its queue stays at or above its guarantee floor (see `quota_of`; checked per
+victim set in scheduler_shard/preemption.py). lexicographic: fewest-harm order.
 """
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
-from gosched.common.messages import Unit
+from gosched.common.messages import QueueFloor, Unit
 from gosched.scheduler_shard.framework.interfaces import (
     Candidate,
     CandidateSortingPlugin,
@@ -16,6 +22,26 @@ from gosched.scheduler_shard.framework.interfaces import (
     VictimSearchingPlugin,
 )
 from gosched.scheduler_shard.framework.registry import register
+
+Floor = tuple[int | None, int | None, int | None]  # None: the cluster lacks it, counts in no share
+
+
+class Quota(NamedTuple):
+    """A unit's cross-queue rules: the queues it may reclaim from, and each guaranteed queue's
+    floor (its usage must stay at or above the floor in some resource)."""
+
+    reclaim: frozenset[str]
+    floors: dict[str, Floor]
+
+
+@lru_cache(maxsize=256)
+def _quota(reclaim: frozenset[str], floors: tuple[QueueFloor, ...]) -> Quota:
+    return Quota(reclaim, {f.queue: (f.cpu_milli, f.memory, f.gpu_milli) for f in floors})
+
+
+def quota_of(unit: Unit) -> Quota:
+    """The unit's reclaim_from and floors (cached: the units of a round share them)."""
+    return _quota(unit.reclaim_from, unit.floors)
 
 
 @register
@@ -34,10 +60,12 @@ class CapacityReclaim(VictimSearchingPlugin):
     name = "capacity_reclaim"
 
     def eligible(self, unit: Unit, victim: Resident) -> bool:
-        return victim.preemptible and victim.queue in unit.reclaim_from and victim.queue != unit.job.queue
+        return (
+            victim.preemptible and victim.queue != unit.job.queue and victim.queue in quota_of(unit).reclaim
+        )
 
     def rows_with_victims(self, unit: Unit, state: ClusterArrays) -> Mask | None:
-        if not unit.reclaim_from:
+        if not quota_of(unit).reclaim:
             return np.zeros(state.n, np.bool_)
         return None
 
@@ -45,19 +73,27 @@ class CapacityReclaim(VictimSearchingPlugin):
 @register
 class Lexicographic(CandidateSortingPlugin):
     """No victims first, then the lowest highest-victim priority, the lowest priority sum, the
-    fewest victims, and the latest earliest start among the victims (evict young work)."""
+    fewest victims, and the latest earliest start among the victims (evict young work). Sum and
+    count take in the tasks of the gangs the eviction breaks (`lost`), which go with it."""
 
     name = "lexicographic"
 
     def sort(self, candidates: list[Candidate]) -> list[Candidate]:
-        return sorted(
-            candidates,
-            key=lambda c: (
-                bool(c.victims),
-                c.max_priority,
-                c.priority_sum,
-                len(c.victims),
-                -c.earliest_start,
-                c.row,
-            ),
-        )
+        return sorted(candidates, key=_harm)
+
+
+@dataclass(slots=True)
+class PricedCandidate(Candidate):
+    """A candidate with what its eviction takes in all: tasks, and their priorities summed (the
+    victims, and every bound task of a gang the victims leave below its min_member)."""
+
+    lost: int = 0
+    lost_priority: int = 0
+
+
+def _harm(c: Candidate) -> tuple[bool, int, int, int, float, int]:
+    if isinstance(c, PricedCandidate):
+        lost, lost_priority = c.lost, c.lost_priority
+    else:
+        lost, lost_priority = len(c.victims), c.priority_sum
+    return (bool(c.victims), c.max_priority, lost_priority, lost, -c.earliest_start, c.row)
