@@ -51,6 +51,7 @@ from gosched.common.messages import (
     Placement,
     Proposal,
     ProposalBatch,
+    QueueFloor,
     RejectedUnit,
     TaskBound,
     TaskReleased,
@@ -326,6 +327,7 @@ for _tag, _cls in {
     43: Eviction,
     44: BindReply,
     45: AcceptedUnit,
+    46: QueueFloor,
 }.items():
     register_dataclass(_cls, _tag)
 

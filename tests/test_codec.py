@@ -44,6 +44,7 @@ from gosched.common.messages import (
     Placement,
     Proposal,
     ProposalBatch,
+    QueueFloor,
     RejectedUnit,
     TaskBound,
     TaskReleased,
@@ -118,10 +119,17 @@ RESIDENT = Resident(
 PLACEMENT = Placement(task_index=3, node="gpu-1", gpus=((2, 1000), (3, 1000)), victims=("other/0", "other/1"))
 DIAGNOSIS = Diagnosis(total_nodes=1200, ruled_out={"insufficient gpu": 1000, "taint": 200}, note="gang of 5")
 UNIT = Unit(
-    RICH_JOB, (0, 1, 2, 3, 4), 5, attempt=2, reclaim_from=frozenset({"batch", "dev"}), dispatch_time=3.5
+    RICH_JOB,
+    (0, 1, 2, 3, 4),
+    5,
+    attempt=2,
+    reclaim_from=frozenset({"batch", "dev"}),
+    dispatch_time=3.5,
+    floors=(QueueFloor("prod", 4000, 2**34, None),),
 )
 
 VALUES: list[tuple[str, object]] = [
+    ("QueueFloor", QueueFloor("prod", None, 1, 2000)),
     ("ResourceRequest", ResourceRequest(1, 2, 3, 0, 4, (("a", 1), ("b", 2)))),
     ("Requirement", Requirement("cores", SelectorOp.GT, ("8",))),
     ("Requirement-no-values", Requirement("spot", SelectorOp.EXISTS)),
