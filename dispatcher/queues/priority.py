@@ -4,7 +4,9 @@ Every waiting job ages at the same rate, so ordering by effective priority at an
     priority + aging * (now - submit_time),
 is the same as ordering by the static key  aging * submit_time - priority  (smallest first).
 A heap on that key is exact at every instant, and an old low-priority job overtakes a newer
-high-priority one once it has waited (priority difference / aging) seconds longer: nothing starves.
+high-priority one once it has waited (priority difference / aging) seconds longer: nothing starves
+in the queue. Aging orders the queue only: preemption compares the jobs' own priorities (as
+Kubernetes does), so a bound low-priority task can still be evicted by a higher-priority job.
 """
 
 from typing import Any
