@@ -17,7 +17,13 @@ comes back, it is told the tasks the master expects there (none of the requeued 
 the rest, so nothing runs twice.
 
 Nodes registered by an agent carry the label AGENT_LABEL; after a master restart those nodes are
-given `node_timeout_s` to reconnect before their tasks are requeued.
+given `node_timeout_s` plus the agents' longest registration backoff to reconnect before their
+tasks are requeued.
+
+Register refuses (ALREADY_EXISTS) a node name whose session is connected and was heard from within
+LIVE_HEARTBEATS heartbeats: two agents on one name would both run its tasks. A node that
+re-registers smaller or with a NoExecute taint gives up the residents it cannot hold (the control
+plane's add_nodes); the tick kills them on the agent.
 """
 
 import logging

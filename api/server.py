@@ -8,6 +8,9 @@
 The handlers and their error mapping are in gosched.api.servicers, /metrics in gosched.api.metrics,
 the HTTP endpoint in gosched.api.http. The AgentService (gosched.api.agents) is served on the same
 port: node agents register there and hold their stream.
+
+`serve` holds `<store>.lock` (flock) until stop and binds the port without SO_REUSEPORT, so a
+second master on the same store or port fails at start (StoreBusy, or an OSError naming the port).
 """
 
 import contextlib

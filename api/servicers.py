@@ -1,8 +1,9 @@
 """The JobService and ClusterService handlers, and how the service's errors become gRPC statuses.
 
-SpecError -> INVALID_ARGUMENT (the message starts with the field path); an unknown job or node ->
-NOT_FOUND; AdmissionRejected -> RESOURCE_EXHAUSTED; cancelling a finished job ->
-FAILED_PRECONDITION; any call before the scheduler is ready -> UNAVAILABLE.
+SpecError -> INVALID_ARGUMENT (the message starts with the field path), or ALREADY_EXISTS for a job
+id that exists; an unknown job or node -> NOT_FOUND; AdmissionRejected -> RESOURCE_EXHAUSTED;
+cancelling a finished job -> FAILED_PRECONDITION; any call before the scheduler is ready, or while a
+component restarts (ControlUnavailable) -> UNAVAILABLE.
 """
 
 import functools

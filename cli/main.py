@@ -274,7 +274,8 @@ def demo(
 def config_show(
     config: Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")] = None,
 ) -> None:
-    """Print the effective configuration (file, then GOSCHED_* env, then flags)."""
+    """Print the effective configuration (file, then GOSCHED_* env; a command's flags go on top) and
+    check the profile's plugin names."""
     try:
         settings = master_cmds.checked_settings(config)
     except Exception as exc:  # pydantic's ValidationError names each bad field

@@ -3,7 +3,8 @@
 Flags build the flat form of common/spec.py (one group). With a file, the job-level flags
 (--name, --queue, --priority, ...) override the file's values; the task-level ones (--gpus,
 --env, the command, ...) belong in the file and are refused next to it. Validation itself is
-left to `job_from_spec` (through the Client), whose field paths `flag_for` maps back to flags.
+left to `job_from_spec` (through the Client), whose field paths `flag_for` maps back to flags. A
+job file must be UTF-8 and may not repeat a key (the error names the key and its line).
 """
 
 import json

@@ -1,4 +1,5 @@
-"""Compact binary (msgpack) encoding of the model and message types, for Ray actors and the SQLite store.
+"""Compact binary (msgpack) encoding of the model and message types, for the SQLite store (the
+actors' messages travel pickled: common/wire.py).
 
 Wire format:
 

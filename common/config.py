@@ -1,6 +1,9 @@
 """GoSched configuration: one YAML file, then environment variables (GOSCHED_*), then flags.
 
-Validated at load with errors that name the field. Every component reads its part of it.
+Validated at load with errors that name the field. Every component reads its part of it. Merged
+key by key: a nested env var or flag changes one key of a section; lists are replaced whole. The
+profile's plugin names are checked by the CLI (`cli/master_cmds.checked_settings`), not here: the
+plugins live in the shard's package.
 """
 
 import enum

@@ -3,7 +3,9 @@
 Flow of one job:
 
     submit -> admission -> store -> its queue
-    next_batches: queue -> Unit (its pending tasks) -> least-loaded shard      tasks pending -> scheduled
+    next_batches: queue -> Unit (its pending tasks, or the longest prefix that keeps its queue
+                  within max_share; a job that could not fit even with its queue empty is
+                  parked) -> least-loaded shard                             tasks pending -> scheduled
     on_reply: accepted -> bound (usage counted); rejected -> pending, requeued at once
     on_unschedulable: -> pending, parked with exponential backoff, diagnosis kept for explain()
     eviction / release: bound -> preempted -> pending (requeued) or -> a final state

@@ -5,7 +5,8 @@ Scheduling runs as in RayScheduler.run_until_idle, but without end: `step()` kee
 milliseconds, and handles a lost shard or a restarted binder/dispatcher the same way. A shard that
 found nothing to do is asked again after a delay that grows while it stays idle (2 ms to 50 ms) and
 drops to zero as soon as work arrives, so an idle master costs little and a busy one never waits.
-Every query is one actor call, whatever its size.
+Every query is one actor call, whatever its size. An actor that does not answer makes a client's
+call fail as ControlUnavailable (UNAVAILABLE to clients).
 """
 
 import contextlib

@@ -1,4 +1,5 @@
-"""Why a task fits nowhere: each filter's count of the nodes it was first to rule out."""
+"""Why a task fits nowhere: each filter's count of the nodes it was first to rule out, then, of the
+nodes every filter passes, those the Grouping plugin kept the unit off, and why."""
 
 from collections.abc import Sequence
 
