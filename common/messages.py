@@ -120,8 +120,10 @@ class Unschedulable:
     task_indexes: tuple[int, ...]
     diagnosis: Diagnosis
     attempt: int = 0
-    # Preemption passed over victims only because they are the shard's own placements still
-    # awaiting the binder: once answered they may be evicted, so the verdict holds only until then.
+    # The verdict is provisional: retry after the backoff even if nothing changes. Set when
+    # preemption passed over victims only because they are the shard's own placements still
+    # awaiting the binder (once answered they may be evicted), and when the unit placed its
+    # minimum without preemption, which was then never tried for these tasks.
     settling: bool = False
 
 

@@ -67,7 +67,13 @@ class Placer:
                 for domain in domains:
                     unplaced = self._try(ctx, state, _both(location, domain), assumed if preempt else None)
                     if len(ctx.placements) >= unit.min_needed:
-                        return ctx, self._leftover(ctx, state, unplaced)
+                        leftover = self._leftover(ctx, state, unplaced)
+                        if leftover is not None and not preempt and len(passes) > 1:
+                            # The unit placed its minimum without preemption, which was never
+                            # tried for the rest: the verdict on them holds only until a retry
+                            # (min_needed is then 1, and the preemption pass runs).
+                            leftover = replace(leftover, settling=True)
+                        return ctx, leftover
                     ctx.rollback(state)
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
