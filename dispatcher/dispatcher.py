@@ -49,7 +49,7 @@ from gosched.common.messages import BindReply, QueueFloor, Unit, UnitBatch, Unsc
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
-from gosched.dispatcher.capacity import NOT_ELIGIBLE, CapacityPlanner
+from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
 from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
 from gosched.dispatcher.queues import PolicyQueue, make_queue
@@ -273,7 +273,7 @@ class Dispatcher:
             if enforce_max and capped[best]:
                 after = usage.queue_share_after(rec.queue, cpu, mem, gpu)
                 if not cap.fits(best, after):
-                    part = self._part_under_cap(rec, idx)
+                    part = self._prefix_within(rec, idx, cap.max_shares[best])
                     if part is None and self._never_fits(rec, idx):
                         # No fall in usage would ever let it in: set aside, not at the head.
                         pq.pop()
@@ -293,10 +293,16 @@ class Dispatcher:
                     cpu, mem, gpu = rec.cost_of(idx)
             pq.pop()
             reclaim = NO_RECLAIM
-            if cap.below_guarantee(best, shares[best]) and cap.may_reclaim(
-                best, shares[best], usage.queue_share_after(rec.queue, cpu, mem, gpu)
-            ):
-                reclaim = cap.borrowing(shares)
+            if cap.below_guarantee(best, shares[best]):
+                if not cap.may_reclaim(best, shares[best], usage.queue_share_after(rec.queue, cpu, mem, gpu)):
+                    # Too big to reclaim for whole: the part within the guarantee reclaims, the
+                    # rest follows in a later unit (borrowing, on free room and priority).
+                    part = self._prefix_within(rec, idx, cap.guarantees[best])
+                    if part is not None:
+                        idx = part
+                        cpu, mem, gpu = rec.cost_of(idx)
+                if cap.may_reclaim(best, shares[best], usage.queue_share_after(rec.queue, cpu, mem, gpu)):
+                    reclaim = cap.borrowing(shares)
 
             # -- which shard: least loaded; a retry avoids its last shard when loads tie
             load, s = heapq.heappop(heap)
@@ -329,15 +335,15 @@ class Dispatcher:
         held, mm = rec.n_held, rec.job.min_member
         return mm - held if held < mm else 1
 
-    def _part_under_cap(self, rec: JobRecord, idx: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The longest prefix of `idx` that keeps the queue within its max_share, if it holds at
-        least a unit's minimum; None otherwise."""
-        usage, cap = self.usage, self.capacity
+    def _prefix_within(self, rec: JobRecord, idx: tuple[int, ...], limit: float) -> tuple[int, ...] | None:
+        """The longest prefix of `idx` that keeps the queue's share within `limit` (its max_share,
+        or its guarantee), if it holds at least a unit's minimum; None otherwise."""
+        usage = self.usage
         cpu = mem = gpu = 0
         n = 0
         for i in idx:
             c, m, g = rec.cost(i)
-            if not cap.fits(rec.qi, usage.queue_share_after(rec.queue, cpu + c, mem + m, gpu + g)):
+            if usage.queue_share_after(rec.queue, cpu + c, mem + m, gpu + g) > limit + EPS:
                 break
             cpu, mem, gpu = cpu + c, mem + m, gpu + g
             n += 1

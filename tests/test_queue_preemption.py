@@ -87,6 +87,17 @@ GUARANTEE_CASES: list[tuple[str, int, list[QueueConfig], list[list[Job]], list[J
         {"a": 5, "b": 3, "c": 2},
         3,  # not 5: a below its guarantee would reclaim from c in turn
     ),
+    (
+        # An elastic job (min_member 1) wider than what is left of b's guarantee: the part within
+        # the guarantee reclaims (5 tasks), the rest waits as a borrower. Whole, it reclaimed nothing.
+        "a wide elastic job reclaims up to its guarantee",
+        10,
+        [Q(name="a", guarantee=0.5), Q(name="b", guarantee=0.5)],
+        [jobs("a", 10, "a")],
+        [make_job("wide").cpu("1").replicas(8).min_member(1).queue("b").build()],
+        {"a": 5, "wide": 5},
+        5,
+    ),
 ]
 
 
