@@ -229,6 +229,13 @@ class Binder:
         return [r.task_id for r in lost] + [e.task_id for e in broken]
 
     # -- releases -----------------------------------------------------------------------------------
+    def cancel_job(self, job_id: str, holding: Iterable[str]) -> list[str]:
+        """A job was cancelled: refuse its proposals still in flight (they may name victims, whose
+        eviction would be for nothing) and release its tasks in `holding`."""
+        self._usable()
+        self.truth.note_cancelled(job_id)
+        return self.release(holding, TaskState.CANCELLED.value)
+
     def release(self, task_ids: Iterable[str], reason: str) -> list[str]:
         """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...).
 

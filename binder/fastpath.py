@@ -49,6 +49,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
     task_row = a.task_row
 
     job_tasks = state.job_tasks
+    cancelled = state.cancelled
     tids: list[str] = []  # every placement's task id, in batch order
     victims: set[str] = set()
 
@@ -83,7 +84,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
         need = p.min_needed  # gang_need(p, state), inlined: it runs once per proposal
         if p.held:
             need += max(0, p.held - len(job_tasks.get(jid, ())))
-        clean = len(placements) >= max(1, need)
+        clean = len(placements) >= max(1, need) and jid not in cancelled
         for group in groups:
             if group.anti_affinity:  # the anti_affinity stage looks at other tasks: the stages judge it
                 clean = False

@@ -118,6 +118,8 @@ class TaskValid:
 
     def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
         job = unit.job
+        if job.id in unit.state.cancelled:
+            return [f"job {job.id} was cancelled"] * len(candidates)
         total = job.total_replicas
         seen: set[int] = set()
         task_row = unit.state.arrays.task_row

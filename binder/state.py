@@ -30,12 +30,24 @@ def validate_node(node: Node) -> None:
         raise ValueError(f"node {node.name}: negative capacity")
 
 
+# Cancelled job ids kept to refuse their proposals still in flight; ids are never reused, so an
+# old one is only forgotten to bound memory (its units were answered long before).
+MAX_CANCELLED = 100_000
+
+
 class BinderState:
-    """ClusterArrays (rows, usage, residents) and job id -> its resident task ids."""
+    """ClusterArrays (rows, usage, residents), job id -> its resident task ids, and the jobs
+    cancelled lately (a proposal of one is refused: it must not evict anything)."""
 
     def __init__(self) -> None:
         self.arrays = ClusterArrays()
         self.job_tasks: dict[str, set[str]] = {}
+        self.cancelled: dict[str, None] = {}  # insertion-ordered set
+
+    def note_cancelled(self, job_id: str) -> None:
+        self.cancelled[job_id] = None
+        if len(self.cancelled) > MAX_CANCELLED:
+            del self.cancelled[next(iter(self.cancelled))]
 
     # -- lookups ----------------------------------------------------------------------------------
     def resident(self, tid: str) -> tuple[int, Resident] | None:

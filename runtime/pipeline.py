@@ -113,8 +113,7 @@ class Pipeline:
 
     def cancel(self, job_id: str) -> None:
         holding = self.dispatcher.cancel(job_id)
-        if holding:
-            self.binder.release(holding, TaskState.CANCELLED.value)
+        self.binder.cancel_job(job_id, holding)
 
     # -- scheduling rounds ----------------------------------------------------------------------
     def step(self) -> bool:

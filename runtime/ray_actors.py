@@ -329,6 +329,9 @@ class BinderCore:
     def release(self, task_ids: Sequence[str], reason: str) -> list[str]:
         return self.binder.release(task_ids, reason)
 
+    def cancel_job(self, job_id: str, holding: Sequence[str]) -> list[str]:
+        return self.binder.cancel_job(job_id, holding)
+
     def resident_node(self, tid: str) -> str | None:
         got = self.binder.resident(tid)
         return None if got is None else got[0]

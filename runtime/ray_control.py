@@ -142,8 +142,7 @@ class RayControl:
     @_answered()
     def cancel(self, job_id: str) -> None:
         holding: list[str] = ray.get(self.rs.dispatcher.cancel.remote(job_id))
-        if holding:
-            ray.get(self.rs.binder.release.remote(holding, TaskState.CANCELLED.value))
+        ray.get(self.rs.binder.cancel_job.remote(job_id, holding))
 
     @_answered()
     def explain(self, job_id: str) -> str:

@@ -377,6 +377,33 @@ CASES: dict[str, Case] = {
 
 
 @pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "sequential"])
+def test_a_proposal_of_a_job_cancelled_in_flight_is_refused_and_evicts_nothing(
+    tmp_path: Path, vectorised: bool
+) -> None:
+    b = open_binder(tmp_path / "gs.db", vectorised=vectorised)
+    b.add_nodes([N4, N4B])
+    assert not commit(b, prop(LOW, at(0, "n1"))).rejected
+    high = cpu_job("high", "4", priority=100)
+    plain = cpu_job("plain", "1")
+    assert b.cancel_job("high", []) == []  # cancelled while its unit was planned
+    reply = commit(
+        b,
+        prop(high, at(0, "n1", victims=("low/0",))),
+        prop(cpu_job("gone", "1"), at(0, "n2")),
+        prop(plain, at(0, "n2")),
+    )
+    accepted, rejected, evicted = outcome(reply)
+    assert rejected == [("high", "task_valid", (0,))] and evicted == []
+    assert accepted == {"gone": [0], "plain": [0]}  # the others are untouched
+    assert b.resident("low/0") is not None
+    # A cancelled job's clean proposal is refused too (the fast path leaves it to the stages).
+    b.cancel_job("late", [])
+    reply = commit(b, prop(cpu_job("late", "1"), at(0, "n2")))
+    assert outcome(reply)[1] == [("late", "task_valid", (0,))]
+    assert b.resident("late/0") is None
+
+
+@pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "sequential"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_stage_scenarios(tmp_path: Path, name: str, vectorised: bool) -> None:
     case = CASES[name]
