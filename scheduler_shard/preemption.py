@@ -38,33 +38,112 @@ def _add(acc: Use, r: Resident) -> None:
     acc[3] += sum(m for _, m in r.gpus)
 
 
-class Census:
-    """Tasks and usage per job and per queue in the view as it was before the unit's own
-    evictions: what a gang break takes, and what a queue holds against its floor. One scan of
-    the view per unit, and only for a unit whose victims need pricing."""
+class ViewCensus:
+    """Tasks and usage per job and per queue over a whole view, kept up to date from the view's
+    dirty log: a look counts again only the rows changed since the last one (a full count when
+    the log was compacted past it, or for a new view)."""
 
-    __slots__ = ("jobs", "queues")
+    __slots__ = ("jobs", "position", "queues", "rows", "state")
 
-    def __init__(self, state: ClusterArrays, ctx: UnitContext) -> None:
+    def __init__(self, state: ClusterArrays) -> None:
+        self.state = state
+        self.position = -1
+        self.rows: dict[int, tuple[dict[str, Use], dict[str, Use]]] = {}  # each row's share
         self.jobs: dict[str, Use] = {}
         self.queues: dict[str, Use] = {}
-        for row in range(state.n):
-            for r in state.residents[row].values():
-                self._count(r)
+
+    def refresh(self) -> None:
+        state = self.state
+        changed, position = state.dirty_since(self.position) if self.position >= 0 else ([], -1)
+        if position < 0:
+            self.rows.clear()
+            self.jobs.clear()
+            self.queues.clear()
+            changed, position = list(range(state.n)), state.dirty_position
+        for row in set(changed):
+            self._recount(row)
+        self.position = position
+
+    def _recount(self, row: int) -> None:
+        old = self.rows.pop(row, None)
+        if old is not None:
+            _merge(self.jobs, old[0], -1)
+            _merge(self.queues, old[1], -1)
+        residents = self.state.residents[row] if row < len(self.state.residents) else {}
+        if not residents:
+            return
+        jobs: dict[str, Use] = {}
+        queues: dict[str, Use] = {}
+        for r in residents.values():
+            _count(jobs, r.job_id, r)
+            _count(queues, r.queue, r)
+        self.rows[row] = (jobs, queues)
+        _merge(self.jobs, jobs, 1)
+        _merge(self.queues, queues, 1)
+
+
+def _count(table: dict[str, Use], key: str, r: Resident) -> None:
+    use = table.get(key)
+    if use is None:
+        use = table[key] = [0, 0, 0, 0]
+    _add(use, r)
+
+
+def _merge(total: dict[str, Use], part: dict[str, Use], sign: int) -> None:
+    for key, use in part.items():
+        acc = total.get(key)
+        if acc is None:
+            acc = total[key] = [0, 0, 0, 0]
+        for i in range(4):
+            acc[i] += sign * use[i]
+        if not acc[0]:
+            del total[key]
+
+
+# One ViewCensus per view (shards in one process each have theirs); the view itself is the key's
+# check, as an id() alone may be reused by a later object.
+_VIEWS: dict[int, ViewCensus] = {}
+MAX_VIEWS = 64
+
+
+def view_census(state: ClusterArrays) -> ViewCensus:
+    view = _VIEWS.get(id(state))
+    if view is None or view.state is not state:
+        if len(_VIEWS) >= MAX_VIEWS:
+            _VIEWS.clear()
+        view = _VIEWS[id(state)] = ViewCensus(state)
+    view.refresh()
+    return view
+
+
+class Census:
+    """Tasks and usage per job and per queue in the view as it was before the unit's own
+    evictions: what a gang break takes, and what a queue holds against its floor. The view's
+    counts (ViewCensus, brought up to date once per unit) with the unit's evictions put back."""
+
+    __slots__ = ("_back_jobs", "_back_queues", "_view")
+
+    def __init__(self, state: ClusterArrays, ctx: UnitContext) -> None:
+        self._view = view_census(state)
+        self._back_jobs: dict[str, Use] = {}
+        self._back_queues: dict[str, Use] = {}
         own = ctx.unit.job.id
         for action, _, r in ctx.log:
             if action == EVICT and r.job_id != own and r.task_id not in state.task_row:
-                self._count(r)  # evicted by the unit already: put back
+                _count(self._back_jobs, r.job_id, r)  # evicted by the unit already: put back
+                _count(self._back_queues, r.queue, r)
 
-    def _count(self, r: Resident) -> None:
-        job = self.jobs.get(r.job_id)
-        if job is None:
-            job = self.jobs[r.job_id] = [0, 0, 0, 0]
-        _add(job, r)
-        queue = self.queues.get(r.queue)
-        if queue is None:
-            queue = self.queues[r.queue] = [0, 0, 0, 0]
-        _add(queue, r)
+    def job(self, job_id: str) -> Use | None:
+        return _sum(self._view.jobs.get(job_id), self._back_jobs.get(job_id))
+
+    def queue(self, name: str) -> Use | None:
+        return _sum(self._view.queues.get(name), self._back_queues.get(name))
+
+
+def _sum(a: Use | None, b: Use | None) -> Use | None:
+    if a is None or b is None:
+        return a if b is None else list(b)
+    return [x + y for x, y in zip(a, b, strict=True)]
 
 
 class Pricer:
@@ -110,7 +189,7 @@ class Pricer:
         for v in direct:
             _add(acc, v)
         if first.min_member > 1 and direct:
-            whole = self.census().jobs.get(first.job_id)
+            whole = self.census().job(first.job_id)
             if whole is not None and whole[0] - acc[0] < first.min_member:
                 return list(whole)
         return acc
@@ -151,7 +230,7 @@ class Pricer:
                 for i in range(4):
                     acc[i] += after[i] - before[i]
         for queue, extra in more.items():
-            held = self.census().queues.get(queue, [0, 0, 0, 0])
+            held = self.census().queue(queue) or [0, 0, 0, 0]
             prior_taken = self._taken_before(queue)
             left = [held[i] - prior_taken[i] - extra[i] for i in range(1, 4)]
             if not any(f is not None and x >= f for x, f in zip(left, self.floors[queue], strict=True)):

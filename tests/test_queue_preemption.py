@@ -298,3 +298,46 @@ def test_random_queues_and_priorities_settle_without_evicting_a_task_repeatedly(
     assert max(evicted.values(), default=0) <= 2, evicted
     states = [s for j in p.dispatcher.job_ids() for s in p.dispatcher.task_states(j)]
     assert TaskState.SCHEDULED not in states
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_view_census_kept_from_the_dirty_log_equals_a_full_count(seed: int) -> None:
+    import random
+
+    from gosched.common.cluster_state import ClusterArrays, Resident
+    from gosched.scheduler_shard.preemption import view_census
+
+    rng = random.Random(seed)
+    state = ClusterArrays()
+    for i in range(6):
+        state.upsert_node(make_node(f"n{i}").cpu("64").mem("256Gi").gpus(2).build())
+    job_list = [
+        make_job(f"j{k}").cpu("1").queue(rng.choice(["a", "b"])).replicas(8).build() for k in range(5)
+    ]
+    for step in range(200):
+        if state.task_row and rng.random() < 0.4:
+            state.release(rng.choice(sorted(state.task_row)))
+        elif rng.random() < 0.05:
+            state.remove_node(rng.choice(sorted(state.row_of)))  # its residents go with it
+            state.upsert_node(make_node(f"x{step}").cpu("64").mem("256Gi").build())
+        else:
+            job = rng.choice(job_list)
+            free = [i for i in range(8) if f"{job.id}/{i}" not in state.task_row]
+            if free:
+                gpus = ((0, 250),) if rng.random() < 0.3 else ()
+                state.place(
+                    rng.choice(sorted(state.row_of.values())), Resident.for_task(job, free[0], gpus, 0.0)
+                )
+        if step % 7 == 0:  # several changes between looks, as between units
+            view = view_census(state)
+            jobs: dict[str, list[int]] = {}
+            queues: dict[str, list[int]] = {}
+            for row in range(state.n):
+                for r in state.residents[row].values():
+                    for table, key in ((jobs, r.job_id), (queues, r.queue)):
+                        use = table.setdefault(key, [0, 0, 0, 0])
+                        use[0] += 1
+                        use[1] += r.cpu_milli
+                        use[2] += r.memory
+                        use[3] += sum(m for _, m in r.gpus)
+            assert view.jobs == jobs and view.queues == queues, step
