@@ -390,14 +390,10 @@ class AntiAffinityHolds:
         cached = self._domains.get(key)
         if cached is not None and cached[0] is a and cached[1] == a.meta_generation:
             return cached[2], cached[3]
-        row_domain: list[str | None] = []
-        for node in a.nodes[: a.n]:
-            if node is None:
-                row_domain.append(None)
-            elif key == "node":
-                row_domain.append(node.name)
-            else:
-                row_domain.append(dict(node.labels).get(key))
+        if key == "node":  # each node its own domain, as the shard's domain_ids has it
+            row_domain = [None if node is None else node.name for node in a.nodes[: a.n]]
+        else:
+            row_domain = a.label_values(key)[: a.n]
         members: dict[str, list[int]] = {}
         for row, domain in enumerate(row_domain):
             if domain is not None:

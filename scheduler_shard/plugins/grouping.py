@@ -22,21 +22,6 @@ PACK_DOMAIN_LABEL = "gosched.io/pack-domain"
 
 Ids = npt.NDArray[np.int64]
 
-# (view, metadata generation, key) -> per-row domain ids: static node metadata, so it is built
-# once per generation, not per unit.
-_ids: dict[tuple[int, int, str], Ids] = {}
-
-
-def _domain_ids(state: ClusterArrays, key: str) -> Ids:
-    full = (id(state), state.meta_generation, key)
-    hit = _ids.get(full)
-    if hit is None:
-        if len(_ids) > 64:
-            _ids.clear()
-        hit = _ids[full] = domain_ids(state, key)
-        hit.flags.writeable = False
-    return hit
-
 
 def _pack_key(unit: Unit) -> str | None:
     return dict(unit.job.labels).get(PACK_DOMAIN_LABEL) or None
@@ -71,7 +56,7 @@ class TopologyDomain(GroupingPlugin):
         key = _pack_key(unit)
         if key is None:
             return None
-        ids = _domain_ids(state, key)
+        ids = domain_ids(state, key)
         held = _held_domain(unit, state, ids)
         if held is not None:
             return [ids == held]  # only where the gang already is: never split it
@@ -95,7 +80,7 @@ class TopologyDomain(GroupingPlugin):
         key = _pack_key(unit)
         if key is None:
             return []
-        ids = _domain_ids(state, key)
+        ids = domain_ids(state, key)
         out = [(f"missing label {key!r} ({PACK_DOMAIN_LABEL})", ids < 0)]
         held = _held_domain(unit, state, ids)
         if held is not None:

@@ -76,13 +76,21 @@ def term_mask(state: ClusterArrays, term: NodeSelectorTerm) -> Mask:
 def domain_ids(state: ClusterArrays, topology_key: str) -> np.ndarray:
     """Per row, an integer id of its topology domain; "node" makes each node its own domain.
 
-    Rows without the label get -1 (they form no shared domain).
+    Rows without the label get -1 (they form no shared domain). Memoised per metadata generation,
+    so read-only.
     """
-    if topology_key == "node":
-        return np.arange(state.n, dtype=np.int64)
-    ids: dict[str, int] = {}
-    return np.fromiter(
-        (-1 if v is None else ids.setdefault(v, len(ids)) for v in label_column(state, topology_key)),
-        np.int64,
-        count=state.n,
-    )
+
+    def build() -> np.ndarray:
+        if topology_key == "node":
+            out = np.arange(state.n, dtype=np.int64)
+        else:
+            ids: dict[str, int] = {}
+            out = np.fromiter(
+                (-1 if v is None else ids.setdefault(v, len(ids)) for v in label_column(state, topology_key)),
+                np.int64,
+                count=state.n,
+            )
+        out.flags.writeable = False
+        return out
+
+    return _cached(state, ("domains", topology_key), build)
