@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gosched.binder.state import BinderState
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
+from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.job import AntiAffinity, Job, task_id
 from gosched.common.messages import Placement, Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
@@ -237,6 +237,82 @@ class VictimsValid:
         return out
 
 
+class QueueFloorsHold:
+    """Evicting the unit's victims leaves every other guaranteed queue at or above its floor in
+    some resource (the floors the dispatcher gave the unit, `Proposal.floors`), gang breaks
+    included, as the shard's victim pricing judged it. Shards price on views that can be a round
+    behind one another's evictions; the truth is checked here.
+
+    Victims are evicted per node (every victim on a node the unit keeps a placement on), so the
+    verdict is per node too: in the order the placements name them, a node whose victims would take
+    a queue below its floor, with those of the nodes kept before it, fails all its placements, and
+    its victims are no longer counted (victims and credit) by the stages after this one."""
+
+    name = "queue_floors"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        own = unit.job.queue
+        floors = {
+            f.queue: (f.cpu_milli, f.memory, f.gpu_milli) for f in unit.proposal.floors if f.queue != own
+        }
+        passing: list[str | None] = [None] * len(candidates)
+        if not floors or not unit.victims:
+            return passing
+        state = unit.state
+        residents = state.arrays.residents
+        by_row: dict[int, list[Resident]] = {}
+        for v, row in unit.victims.items():
+            r = residents[row][v]
+            if r.queue in floors:
+                by_row.setdefault(row, []).append(r)
+        if not by_row:
+            return passing
+        kept: list[Resident] = []
+        refused: dict[int, str] = {}
+        for row in dict.fromkeys(c.row for c in candidates):
+            victims = by_row.get(row)
+            if not victims:
+                continue
+            reason = _floor_broken(state, floors, [*kept, *victims])
+            if reason is None:
+                kept.extend(victims)
+            else:
+                refused[row] = reason
+        for row in refused:
+            for v in [v for v, r in unit.victims.items() if r == row]:
+                del unit.victims[v]
+            unit.credit.pop(row, None)
+        return [refused.get(c.row) for c in candidates]
+
+
+def _floor_broken(
+    state: BinderState, floors: dict[str, tuple[int | None, int | None, int | None]], victims: list[Resident]
+) -> str | None:
+    """Why evicting `victims` (and the rest of each gang they leave below its min_member) takes a
+    queue below its floor in every resource, or None."""
+    by_job: dict[str, list[Resident]] = {}
+    for r in victims:
+        by_job.setdefault(r.job_id, []).append(r)
+    taken: dict[str, list[int]] = {}
+    for job_id, direct in by_job.items():
+        first = direct[0]
+        gone = direct
+        resident = state.job_tasks.get(job_id, set())
+        if first.min_member > 1 and len(resident) - len(direct) < first.min_member:
+            gone = [got[1] for got in map(state.resident, resident) if got is not None]  # the gang breaks
+        acc = taken.setdefault(first.queue, [0, 0, 0])
+        for r in gone:
+            acc[0] += r.cpu_milli
+            acc[1] += r.memory
+            acc[2] += sum(m for _, m in r.gpus)
+    for queue, lost in taken.items():
+        floor = floors[queue]
+        held = state.queue_usage(queue)
+        if not any(f is not None and h - x >= f for h, x, f in zip(held, lost, floor, strict=True)):
+            return f"evicting its victims would take queue {queue} below its guaranteed share"
+    return None
+
+
 class ResourcesFit:
     """cpu, memory and extended resources fit on the node, counting the unit's victims there as gone
     and its earlier placements there as taken."""
@@ -407,6 +483,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     NodeExists(),
     NodeSchedulable(),
     VictimsValid(),
+    QueueFloorsHold(),
     AntiAffinityHolds(),
     ResourcesFit(),
     GpusFree(),

@@ -15,6 +15,12 @@ def make_resident(job: Job, idx: int, gpus: tuple[tuple[int, int], ...], start_t
     return Resident.for_task(job, idx, gpus, start_time)
 
 
+def _add_use(use: list[int], r: Resident, sign: int) -> None:
+    use[0] += sign * r.cpu_milli
+    use[1] += sign * r.memory
+    use[2] += sign * sum(m for _, m in r.gpus)
+
+
 def validate_node(node: Node) -> None:
     """Raise ValueError for a node the arrays cannot hold (checked before anything is applied)."""
     if len(node.gpus) > MAX_GPUS:
@@ -36,13 +42,18 @@ MAX_CANCELLED = 100_000
 
 
 class BinderState:
-    """ClusterArrays (rows, usage, residents), job id -> its resident task ids, and the jobs
-    cancelled lately (a proposal of one is refused: it must not evict anything)."""
+    """ClusterArrays (rows, usage, residents), job id -> its resident task ids, the jobs
+    cancelled lately (a proposal of one is refused: it must not evict anything), and the usage of
+    the queues whose guarantee floors a proposal asked about."""
 
     def __init__(self) -> None:
         self.arrays = ClusterArrays()
         self.job_tasks: dict[str, set[str]] = {}
         self.cancelled: dict[str, None] = {}  # insertion-ordered set
+        # queue -> [cpu milli, memory, GPU milli] held. Counted in full the first time a queue is
+        # asked about, kept up to date from then on: clusters without guarantees never pay for it
+        # on the binding path.
+        self._queue_use: dict[str, list[int]] = {}
 
     def note_cancelled(self, job_id: str) -> None:
         self.cancelled[job_id] = None
@@ -55,6 +66,17 @@ class BinderState:
         if row is None:
             return None
         return row, self.arrays.residents[row][tid]
+
+    def queue_usage(self, queue: str) -> tuple[int, int, int]:
+        """(cpu milli, memory, GPU milli) held by the residents of `queue`."""
+        use = self._queue_use.get(queue)
+        if use is None:
+            use = self._queue_use[queue] = [0, 0, 0]
+            for residents in self.arrays.residents[: self.arrays.n]:
+                for r in residents.values():
+                    if r.queue == queue:
+                        _add_use(use, r, 1)
+        return use[0], use[1], use[2]
 
     def node_name(self, row: int) -> str:
         node = self.arrays.nodes[row]
@@ -86,6 +108,8 @@ class BinderState:
     def place(self, row: int, r: Resident) -> None:
         self.arrays.place(row, r)
         self.job_tasks.setdefault(r.job_id, set()).add(r.task_id)
+        if self._queue_use:
+            self._count_queue(r, 1)
 
     def release(self, tid: str) -> tuple[int, Resident] | None:
         got = self.arrays.release(tid)
@@ -94,6 +118,8 @@ class BinderState:
         return got
 
     def _forget(self, r: Resident) -> None:
+        if self._queue_use:
+            self._count_queue(r, -1)
         tasks = self.job_tasks.get(r.job_id)
         if tasks is not None:
             tasks.discard(r.task_id)
@@ -110,6 +136,14 @@ class BinderState:
                 job_tasks[r.job_id] = {r.task_id}
             else:
                 tasks.add(r.task_id)
+        if self._queue_use:
+            for r in residents:
+                self._count_queue(r, 1)
+
+    def _count_queue(self, r: Resident, sign: int) -> None:
+        use = self._queue_use.get(r.queue)
+        if use is not None:
+            _add_use(use, r, sign)
 
     def compact(self) -> None:
         """Nobody reads the authoritative arrays' dirty log: keep it empty."""

@@ -90,6 +90,8 @@ class Proposal:
     attempt: int = 0
     dispatch_time: float = 0.0
     held: int = 0  # as in Unit: the binder asks for more if some of them are gone since
+    # The unit's floors (Unit.floors), sent with a plan that evicts: the binder checks them too.
+    floors: tuple[QueueFloor, ...] = ()
 
 
 @fast_pickle

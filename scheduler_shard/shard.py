@@ -145,6 +145,7 @@ class SchedulerShard:
                         unit.attempt,
                         unit.dispatch_time,
                         unit.held,
+                        unit.floors if ctx.victims_by_job and any(p.victims for p in ctx.placements) else (),
                     )
                 )
             if leftover is not None:

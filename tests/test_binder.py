@@ -26,6 +26,7 @@ from gosched.common.messages import (
     Placement,
     Proposal,
     ProposalBatch,
+    QueueFloor,
     TaskBound,
     TaskReleased,
 )
@@ -129,6 +130,17 @@ def db_job(job_id: str, topology: str = "node") -> Job:
     return make_job(job_id).cpu("1").mem("1Gi").labels(app="db").anti_affinity(topology, app="db").build()
 
 
+# Queue a holds 8 cpus on n1 and n2 (two tasks, or one gang of two); its floor is 4 cpus.
+QA1 = cpu_job("qa1", "4", queue="a")
+QA2 = cpu_job("qa2", "4", queue="a")
+QA_GANG = make_job("ga").cpu("4").mem("1Gi").replicas(2).min_member(2).queue("a").build()
+A_FLOOR = (QueueFloor("a", 4000, None, None),)
+
+
+def floored(p: Proposal, floors: tuple[QueueFloor, ...] = A_FLOOR) -> Proposal:
+    return replace(p, floors=floors)
+
+
 SPREAD3 = make_job("spread").cpu("1").mem("1Gi").replicas(3).min_member(2).anti_affinity("node").build()
 
 CASES: dict[str, Case] = {
@@ -222,6 +234,48 @@ CASES: dict[str, Case] = {
         before=[prop(LOW, at(0, "n1"))],
         accepted={"high": [0]},
         evicted=[("low/0", "high")],
+    ),
+    "queue_floor_holds": Case(
+        [N4, N4B],
+        [floored(prop(cpu_job("qb", "4", priority=100, queue="b"), at(0, "n1", victims=("qa1/0",))))],
+        before=[prop(QA1, at(0, "n1")), prop(QA2, at(0, "n2"))],
+        accepted={"qb": [0]},
+        evicted=[("qa1/0", "qb")],
+    ),
+    "queue_floor_refuses_the_node_that_would_break_it": Case(
+        [N4, N4B],
+        [
+            floored(
+                prop(
+                    make_job("qb").cpu("4").mem("1Gi").replicas(2).priority(100).queue("b").build(),
+                    at(0, "n1", victims=("qa1/0",)),
+                    at(1, "n2", victims=("qa2/0",)),
+                    min_needed=1,
+                )
+            )
+        ],
+        before=[prop(QA1, at(0, "n1")), prop(QA2, at(0, "n2"))],
+        accepted={"qb": [0]},
+        rejected=[("qb", "queue_floors", (1,))],
+        evicted=[("qa1/0", "qb")],
+    ),
+    "queue_floor_counts_the_gang_a_victim_breaks": Case(
+        [N4, N4B],
+        [floored(prop(cpu_job("qb", "4", priority=100, queue="b"), at(0, "n1", victims=("ga/0",))))],
+        before=[prop(QA_GANG, at(0, "n1"), at(1, "n2"))],
+        rejected=[("qb", "queue_floors", (0,))],
+    ),
+    "queue_floor_of_the_preemptors_own_queue_is_not_its_limit": Case(
+        [N4, N4B],
+        [
+            floored(
+                prop(cpu_job("qa3", "4", priority=100, queue="a"), at(0, "n1", victims=("qa1/0",))),
+                (QueueFloor("a", 8000, None, None),),
+            )
+        ],
+        before=[prop(QA1, at(0, "n1")), prop(QA2, at(0, "n2"))],
+        accepted={"qa3": [0]},
+        evicted=[("qa1/0", "qa3")],
     ),
     "victim_on_another_node": Case(
         [N4, N4B],
@@ -717,6 +771,7 @@ def random_jobs(draw: st.DrawFn, job_id: str) -> Job:
         min_member=draw(st.integers(1, replicas)),
         priority=draw(st.integers(0, 2)),
         preemptible=draw(st.integers(0, 5)) > 0,
+        queue=draw(st.sampled_from(["a", "b"])),
     )
 
 
@@ -759,7 +814,14 @@ def random_proposal(draw: st.DrawFn, job: Job, binder: Binder) -> Proposal:
         gpus = random_gpus(draw, job.groups[0].resources, nodes.get(name))
         placements.append(Placement(idx, name, gpus, victims))
     min_needed = job.min_member if draw(st.integers(0, 3)) else draw(st.integers(0, total))
-    return Proposal(job, placements, min_needed)
+    floors: tuple[QueueFloor, ...] = ()
+    if any(pl.victims for pl in placements):  # as a shard sends them: only with an eviction
+        floors = tuple(
+            QueueFloor(q, draw(st.integers(0, 8)) * 500, None, draw(st.sampled_from([None, 500])))
+            for q in ("a", "b")
+            if draw(st.booleans())
+        )
+    return Proposal(job, placements, min_needed, floors=floors)
 
 
 def node_of(b: Binder, task: str) -> str | None:
@@ -814,6 +876,16 @@ def test_random_batches_keep_every_invariant(nodes: list[Node], data: st.DataObj
             assert r_fast == r_slow
             assert fast.view() == slow.view()
             assert_consistent(fast.state)
+            for queue in ("a", "b"):  # kept up to date from the first floor asked: a full count
+                held = [
+                    r for rs in fast.state.residents[: fast.state.n] for r in rs.values() if r.queue == queue
+                ]
+                full = (
+                    sum(r.cpu_milli for r in held),
+                    sum(r.memory for r in held),
+                    sum(m for r in held for _, m in r.gpus),
+                )
+                assert fast.truth.queue_usage(queue) == full
 
             # every proposal: accepted with >= min_needed, or rejected whole with nothing applied
             evicted = {e.task_id for e in r_fast.evicted}
