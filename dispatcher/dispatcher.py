@@ -428,6 +428,9 @@ class Dispatcher:
                 if not rec.unsched:
                     rec.failures = 0
                 self._resolve(rec, now, backoff=rec.unsched)
+            if not rec.pending_indexes():
+                # Every task is placed: the reasons of earlier attempts no longer say anything.
+                rec.note, rec.diagnosis = "", None
         for rej in reply.rejected:
             rec = jobs.get(rej.job_id)
             if rec is None or rec.where is not Where.INFLIGHT:
@@ -455,8 +458,8 @@ class Dispatcher:
         updates: Updates = []
         for item in items:
             rec = self._jobs.get(item.job_id)
-            if rec is None:
-                continue
+            if rec is None or not (rec.n_scheduled or rec.pending_indexes()):
+                continue  # gone, or placed whole by a later attempt: this verdict is stale
             rec.diagnosis = item.diagnosis
             if item.attempt != rec.attempt:
                 continue  # an answer for an attempt that is no longer out

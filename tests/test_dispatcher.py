@@ -101,6 +101,23 @@ def test_rejected_unit_is_requeued_at_once_and_tries_another_shard():
     assert "rejected by the binder (resources): node n3 full" in d.explain("j")
 
 
+def test_a_job_placed_whole_no_longer_explains_earlier_failures():
+    d, clock = dispatcher()
+    d.submit(make_job("j").cpu("1").build())
+    (b1,) = d.next_batches()
+    d.on_reply(reject(b1.units, reason="node n3 full", stage="resources"))
+    (u,) = units(d.next_batches())
+    d.on_unschedulable([unschedulable(u)])  # a verdict that reached the job before its binding
+    assert "last unschedulable" in d.explain("j")
+    d.notify_cluster_changed()
+    clock.advance(60.0)
+    (b3,) = d.next_batches()
+    d.on_reply(accept(b3.units))
+    d.on_unschedulable([unschedulable(u)])  # a late verdict of an old attempt
+    assert d.task_states("j") == [B]
+    assert d.explain("j") == "job j (queue default, tenant default): running; tasks: 1 bound"
+
+
 def test_retry_still_goes_to_the_least_loaded_shard():
     d, _ = dispatcher(shards=2)
     d.submit(make_job("j").cpu("1").build())
