@@ -12,9 +12,12 @@ its queue's share with the unit stays within the guarantee: reclaim gives a guar
 does not take a queue past it (else two queues reclaiming from each other would never settle).
 
 Guarantees protect against other queues' preemption too: every unit carries, in `Unit.floors`,
-the floor of each other queue with a guarantee (`QueueFloor`): usage a shard's cross-queue
+the floor of each queue with a guarantee (`QueueFloor`): usage a shard's cross-queue
 evictions must leave that queue, whether they reclaim or preempt by priority. So reclaim takes
-only what others borrow, and a borrower never takes from a queue within its guarantee.
+only what others borrow, and a borrower never takes from a queue within its guarantee. The unit's
+own queue's floor is there too: a swap by priority inside a queue (a CPU task evicting a GPU task
+of its own queue) must not take it from its floor to below it, or it would reclaim from the
+others, whose higher-priority tasks would then preempt it back, round after round.
 """
 
 import math
@@ -67,11 +70,14 @@ class CapacityPlanner:
         return share < g - EPS and share_after <= g + EPS
 
     def floors(self, capacity: tuple[int, int, int]) -> list[tuple[QueueFloor, ...]]:
-        """Per queue i: the floors of the other queues with a guarantee (module docstring)."""
+        """Per queue i: the floors of the queues with a guarantee (module docstring), its own
+        included: a unit may not swap its own queue from its floor to below it either."""
         if not any(capacity):
             return [() for _ in self.names]
-        floors = [floor_of(n, g, capacity) for n, g in zip(self.names, self.guarantees, strict=True) if g > 0]
-        return [tuple(f for f in floors if f.queue != name) for name in self.names]
+        floors = tuple(
+            floor_of(n, g, capacity) for n, g in zip(self.names, self.guarantees, strict=True) if g > 0
+        )
+        return [floors for _ in self.names]
 
     def borrowing(self, shares: Sequence[float]) -> frozenset[str]:
         """Queues above their guarantee: their preemptible tasks may be reclaimed."""

@@ -323,7 +323,7 @@ class Dispatcher:
         return out
 
     def _floors(self) -> list[tuple[QueueFloor, ...]]:
-        """Per queue, the other queues' guarantee floors its units carry (capacity.py)."""
+        """Per queue, the guarantee floors its units carry (capacity.py)."""
         cap = self.usage.capacity_tuple
         if self._floors_for[0] != cap:
             self._floors_for = (cap, self.capacity.floors(cap))

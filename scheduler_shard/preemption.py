@@ -13,7 +13,7 @@ from collections.abc import Set as AbstractSet
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
-from gosched.common.resources import GPU_MILLI
+from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.scheduler_shard.class_cache import ClassEntry, passes_dynamic_filters
 from gosched.scheduler_shard.framework.interfaces import Candidate, Mask
 from gosched.scheduler_shard.framework.profile import Profile
@@ -154,16 +154,25 @@ class Pricer:
     - a job's disruption_budget bounds its tasks one unit takes, gang breaks included;
     - a task of another queue with a floor (quota_of) is a victim only while its queue keeps
       the floor in some resource, gang breaks included: no preemption takes a queue below its
-      guarantee, whoever preempts and whatever the priority.
+      guarantee, whoever preempts and whatever the priority;
+    - a task of the unit's own queue, likewise, counting the task placed in its stead, unless the
+      queue was below its floor already: a queue that swapped itself below its guarantee would
+      then reclaim from the others, whose higher-priority tasks preempt it back, for ever.
     """
 
-    __slots__ = ("_taken", "ctx", "done", "floors", "own_job", "own_queue", "state")
+    __slots__ = ("_taken", "adds", "ctx", "done", "floors", "own_job", "own_queue", "state")
 
-    def __init__(self, state: ClusterArrays, ctx: UnitContext) -> None:
+    def __init__(
+        self, state: ClusterArrays, ctx: UnitContext, request: ResourceRequest | None = None
+    ) -> None:
         self.state, self.ctx = state, ctx
         job = ctx.unit.job
         self.own_job, self.own_queue = job.id, job.queue
         self.floors = quota_of(ctx.unit).floors
+        # What the task being placed adds to its queue (cpu, memory, GPU milli).
+        self.adds = (
+            (0, 0, 0) if request is None else (request.cpu_milli, request.memory, request.gpu_total_milli)
+        )
         self.done: dict[str, list[Resident]] = {}  # the unit's victims so far, by job
         for action, _, r in ctx.log:
             if action == EVICT and r.job_id != self.own_job:
@@ -171,7 +180,7 @@ class Pricer:
         self._taken: dict[str, Use] | None = None
 
     def _floored(self, r: Resident) -> bool:
-        return r.queue != self.own_queue and r.queue in self.floors
+        return r.queue in self.floors
 
     def simple(self, r: Resident) -> bool:
         """Evicting `r` costs just `r` and breaks no rule: no budget, no gang, no floor."""
@@ -233,9 +242,19 @@ class Pricer:
             held = self.census().queue(queue) or [0, 0, 0, 0]
             prior_taken = self._taken_before(queue)
             left = [held[i] - prior_taken[i] - extra[i] for i in range(1, 4)]
-            if not any(f is not None and x >= f for x, f in zip(left, self.floors[queue], strict=True)):
+            floor = self.floors[queue]
+            if queue == self.own_queue:
+                if not _keeps(held[1:], floor):
+                    continue  # below its floor already: a swap within it settles nothing
+                left = [x + a for x, a in zip(left, self.adds, strict=True)]
+            if not _keeps(left, floor):
                 return None  # the queue would fall below its guarantee
         return lost, lost_priority
+
+
+def _keeps(use: list[int], floor: tuple[int | None, int | None, int | None]) -> bool:
+    """`use` (cpu, memory, GPU milli) is at or above the floor in some resource."""
+    return any(f is not None and x >= f for x, f in zip(use, floor, strict=True))
 
 
 def victims_on_row(
@@ -374,7 +393,7 @@ def find_candidate(
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     job_id = unit.job.id
     may_evict = [p.eligible for p in profile.victim_searching]
-    pricer = Pricer(state, ctx)
+    pricer = Pricer(state, ctx, req)
     # A row where the task would fit if placements still awaiting the binder were victims too.
     held_back = False
     for row in np.flatnonzero(base).tolist():

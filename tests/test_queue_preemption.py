@@ -162,6 +162,43 @@ def test_two_shards_planning_on_stale_views_do_not_take_a_queue_below_its_floor(
     assert gpu_use(p, "b") == 2000  # all that a's floor leaves
 
 
+def test_a_queue_does_not_swap_itself_below_its_guarantee_and_reclaim_for_ever(tmp_path: Path) -> None:
+    # b14 (CPU only, priority 55) could evict b5's 0.75-GPU task of its own queue, leaving queue b
+    # below its guarantee in every resource; b5 (priority 10) then reclaimed from c, whose
+    # priority-105 task preempted b14 back: one eviction a round, for ever.
+    nodes = [
+        make_node("n0").cpu("8").mem("16Gi").build(),
+        make_node("n1").cpu("4").mem("32Gi").gpus(1).build(),
+        make_node("n2").cpu("16").mem("32Gi").gpus(4).build(),
+    ]
+    p, evicted = pipeline(
+        tmp_path, nodes, queues=[Q(name="a", guarantee=0.5), Q(name="b", guarantee=0.3), Q(name="c")]
+    )
+    job = make_job
+    p.submit_many(
+        [
+            job("a2").queue("a").priority(50).cpu("3").mem("4Gi").gpus(1).replicas(2).min_member(2).build(),
+            job("b5")
+            .queue("b")
+            .priority(10)
+            .cpu("3")
+            .mem("1Gi")
+            .gpu_share(750)
+            .replicas(3)
+            .min_member(1)
+            .build(),
+            job("a10").queue("a").priority(5).cpu("2").mem("4Gi").replicas(6).min_member(6).build(),
+            job("b14").queue("b").priority(55).cpu("2").mem("4Gi").build(),
+            job("c15").queue("c").priority(105).cpu("3").mem("1Gi").gpu_share(750).build(),
+        ]
+    )
+    for _ in range(30):
+        if not p.step():
+            break
+    assert not p.step()
+    assert all(n == 1 for n in evicted.values()), evicted
+
+
 def test_reclaim_rule_and_floors_in_the_units() -> None:
     plan = CapacityPlanner([Q(name="a", guarantee=0.5), Q(name="b", guarantee=0.3), Q(name="c")])
     assert plan.may_reclaim(1, 0.0, 0.3)  # within the guarantee with the unit
@@ -169,7 +206,7 @@ def test_reclaim_rule_and_floors_in_the_units() -> None:
     assert not plan.may_reclaim(1, 0.3, 0.3)  # not below it
     floors = plan.floors((4000, 0, 8000))
     a_floor, b_floor = QueueFloor("a", 2000, None, 4000), QueueFloor("b", 1200, None, 2400)
-    assert floors == [(b_floor,), (a_floor,), (a_floor, b_floor)]  # each unit: the others' floors
+    assert floors == [(a_floor, b_floor)] * 3  # each unit: every guaranteed queue's floor, its own too
     assert floor_of("q", 0.3, (10_000, 0, 0)) == QueueFloor("q", 3000, None, None)
     assert plan.floors((0, 0, 0)) == [(), (), ()]  # no capacity known yet: no floors
 
