@@ -15,7 +15,7 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
                 state.place(row, resident)
         elif held == row and state.residents[row][resident.task_id].gpus == resident.gpus:
             # A shard's own placement, bound as planned: same usage; keep the binder's record.
-            state.residents[row][resident.task_id] = resident
+            state.swap_record(row, resident)
     elif isinstance(change, TaskReleased):
         state.release(change.task_id)
     elif isinstance(change, NodeUpserted):
@@ -58,8 +58,12 @@ def _apply_bindings(state: ClusterArrays, bindings: list[TaskBound]) -> None:
             if row is not None:
                 rows.append(row)
                 fresh.append(resident)
-        elif held == row and residents[row][resident.task_id].gpus == resident.gpus:
-            residents[row][resident.task_id] = resident  # as in apply_change
+        elif held == row:
+            old = residents[row][resident.task_id]
+            if old.gpus == resident.gpus:  # as in apply_change (swap_record, inlined)
+                residents[row][resident.task_id] = resident
+                if old.priority != resident.priority or old.preemptible != resident.preemptible:
+                    state.stale_victim_rows.add(row)
     if len({r.task_id for r in fresh}) != len(fresh):
         # One task bound twice in the run: one by one, the second finds the first and keeps it.
         for change in bindings:

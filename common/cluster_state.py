@@ -95,6 +95,8 @@ class ClusterArrays:
     # Rows whose usage changed, in order; dynamic caches remember how far they have read.
     dirty_log: list[int] = field(default_factory=list)
     dirty_base: int = 0  # absolute position of dirty_log[0]
+    # Rows whose lowest-priority preemptible resident left: their bound is recounted when read.
+    stale_victim_rows: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.meta_generation = next(_GENERATIONS)
@@ -121,9 +123,9 @@ class ClusterArrays:
         self.gpu_used_total: I64 = np.zeros(cap, np.int64)  # milli-GPU in use on the node
         self.schedulable: B = np.zeros(cap, np.bool_)
         self.alive: B = np.zeros(cap, np.bool_)
-        # Lowest priority among the row's preemptible residents (NO_VICTIM: none), so preemption
-        # can skip, in one vector comparison, nodes where nothing may be evicted.
-        self.min_victim_priority: I64 = np.full(cap, NO_VICTIM, np.int64)
+        # At most the lowest priority among the row's preemptible residents (read it through
+        # min_victim_priority, which makes it exact).
+        self.victim_priority_bound: I64 = np.full(cap, NO_VICTIM, np.int64)
 
     def _grow(self) -> None:
         old = {name: getattr(self, name) for name in _ARRAYS}
@@ -260,9 +262,21 @@ class ClusterArrays:
         self.gpu_free[row] = free
         self._refresh_gpu_summary(row)
 
+    @property
+    def min_victim_priority(self) -> I64:
+        """Lowest priority among each row's preemptible residents (NO_VICTIM: none), so preemption
+        can skip, in one vector comparison, nodes where nothing may be evicted. A release does
+        not recount its row at once: releasing a node's thousands of equal-priority tasks one by
+        one would recount the rest each time (quadratic); each stale row is recounted once here."""
+        if self.stale_victim_rows:
+            for row in self.stale_victim_rows:
+                self._refresh_min_priority(row)
+            self.stale_victim_rows.clear()
+        return self.victim_priority_bound
+
     def _refresh_min_priority(self, row: int) -> None:
         prios = [r.priority for r in self.residents[row].values() if r.preemptible]
-        self.min_victim_priority[row] = min(prios) if prios else NO_VICTIM
+        self.victim_priority_bound[row] = min(prios) if prios else NO_VICTIM
 
     def _refresh_gpu_summary(self, row: int) -> None:
         if self.gpu_count[row] == 0:
@@ -319,9 +333,16 @@ class ClusterArrays:
             self._refresh_gpu_summary(row)
         self.residents[row][r.task_id] = r
         self.task_row[r.task_id] = row
-        if r.preemptible and r.priority < self.min_victim_priority[row]:
-            self.min_victim_priority[row] = r.priority
+        if r.preemptible and r.priority < self.victim_priority_bound[row]:
+            self.victim_priority_bound[row] = r.priority
         self.dirty_log.append(row)
+
+    def swap_record(self, row: int, r: Resident) -> None:
+        """Replace the record of a resident task of `row` by `r`, which holds the same usage."""
+        old = self.residents[row][r.task_id]
+        self.residents[row][r.task_id] = r
+        if (old.priority, old.preemptible) != (r.priority, r.preemptible):
+            self.stale_victim_rows.add(row)
 
     def place_many(self, rows: Sequence[int], residents: Sequence[Resident]) -> None:
         """place() for many residents at once, usage added with numpy (callers have checked fit;
@@ -335,7 +356,7 @@ class ClusterArrays:
         np.add.at(self.cpu_used, row_arr, np.fromiter((r.cpu_milli for r in residents), np.int64, n))
         np.add.at(self.mem_used, row_arr, np.fromiter((r.memory for r in residents), np.int64, n))
         prio = np.fromiter((r.priority if r.preemptible else NO_VICTIM for r in residents), np.int64, n)
-        np.minimum.at(self.min_victim_priority, row_arr, prio)
+        np.minimum.at(self.victim_priority_bound, row_arr, prio)
         ext: list[tuple[int, int, int]] = []
         gpu: list[tuple[int, int, int]] = []
         residents_of = self.residents
@@ -381,8 +402,8 @@ class ClusterArrays:
             for g, milli in r.gpus:
                 self.gpu_free[row, g] += milli
             self._refresh_gpu_summary(row)
-        if r.preemptible and r.priority == self.min_victim_priority[row]:
-            self._refresh_min_priority(row)
+        if r.preemptible and r.priority == self.victim_priority_bound[row]:
+            self.stale_victim_rows.add(row)
         self.dirty_log.append(row)
         return row, r
 
@@ -455,5 +476,5 @@ _ARRAYS = (
     "gpu_used_total",
     "schedulable",
     "alive",
-    "min_victim_priority",
+    "victim_priority_bound",
 )

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gosched.common.changes import apply_change, apply_changes
-from gosched.common.cluster_state import _ARRAYS, ClusterArrays, Resident
+from gosched.common.cluster_state import _ARRAYS, NO_VICTIM, ClusterArrays, Resident
 from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound, TaskReleased
 from tests.builders import make_node
 
@@ -115,3 +115,19 @@ def test_a_long_run_of_bindings_adds_usage_per_node() -> None:
     assert (state.free_whole[row], state.max_share[row], state.gpu_used_total[row]) == (0, 250, 3000)
     assert state.min_victim_priority[row] == 0
     assert len(state.residents[row]) == 12 and state.dirty_log[-12:] == [row] * 12
+
+
+@settings(max_examples=200, deadline=None)
+@given(change_lists, st.lists(st.booleans(), min_size=40, max_size=40))
+def test_min_victim_priority_is_exact_whenever_read(changes: list[Change], reads: list[bool]) -> None:
+    # A release leaves its row's bound to be recounted on the next read (a node's thousands of
+    # equal-priority tasks released one by one were recounted each time): reads at any point see
+    # the exact minimum.
+    state = fresh_view()
+    for k, change in enumerate(changes):
+        apply_change(state, change)
+        if reads[k % len(reads)] or k == len(changes) - 1:
+            got = state.min_victim_priority
+            for row in range(state.n):
+                prios = [r.priority for r in state.residents[row].values() if r.preemptible]
+                assert got[row] == (min(prios) if prios else NO_VICTIM), (k, row)
