@@ -444,7 +444,7 @@ class Dispatcher:
                 continue
             then = CANCELLED if rec.cancelled else PENDING
             self._apply(rec, [(ev.task_index, PREEMPTED), (ev.task_index, then)], updates)
-            rec.note = f"task {ev.task_index} preempted by {ev.preemptor or 'a gang break'}"
+            rec.disruption = f"task {ev.task_index} preempted by {ev.preemptor or 'a gang break'}"
             self._requeue_if_idle(rec)
         if reply.evicted and evictions_made_room(reply, jobs):
             self.notify_cluster_changed()
@@ -507,6 +507,9 @@ class Dispatcher:
                     continue
                 then = CANCELLED if rec.cancelled else PENDING
                 steps = [(index, PREEMPTED), (index, then)] if final_state is PREEMPTED else [(index, then)]
+                rec.disruption = f"task {index} " + (
+                    "evicted" if final_state is PREEMPTED else "lost its node"
+                )
                 self._apply(rec, steps, updates)
                 self._requeue_if_idle(rec)
             else:
@@ -902,6 +905,8 @@ class Dispatcher:
             capacity = self._capacity_note(rec)
             if capacity:
                 lines.append(capacity)
+        if rec.disruption:
+            lines.append(rec.disruption)
         if rec.note:
             lines.append(rec.note)
         if rec.diagnosis is not None:

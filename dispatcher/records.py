@@ -27,6 +27,7 @@ class JobRecord:
         "costs",
         "diagnosis",
         "dispatches",
+        "disruption",
         "failures",
         "job",
         "job_id",
@@ -90,7 +91,10 @@ class JobRecord:
         self.park_token = 0
         self.cancelled = False
         self.diagnosis: Diagnosis | None = None
-        self.note = ""
+        self.note = ""  # the latest attempt's outcome (a binder rejection, a cancel)
+        # The latest loss of a bound task (preempted, its node lost): kept apart from `note`, which
+        # the immediate retry's outcome would overwrite, and kept once the job runs again.
+        self.disruption = ""
 
     def cost(self, index: int) -> Cost:
         return self.uniform if self.uniform is not None else self.costs[index]

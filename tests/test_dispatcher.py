@@ -118,6 +118,18 @@ def test_a_job_placed_whole_no_longer_explains_earlier_failures():
     assert d.explain("j") == "job j (queue default, tenant default): running; tasks: 1 bound"
 
 
+def test_a_preemption_stays_in_explain_past_the_retry_that_follows():
+    d, _ = dispatcher()
+    d.submit(make_job("j").cpu("1").replicas(2).min_member(1).build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_reply(evict(("j", 1)))
+    d.on_reply(reject(units(d.next_batches()), reason="GPU 0 on n1 is not free", stage="gpus_free"))
+    text = d.explain("j")
+    assert "task 1 preempted by p" in text and "rejected by the binder (gpus_free)" in text
+    d.on_released(["j/0"], P)  # its node was lost
+    assert "task 0 lost its node" in d.explain("j")
+
+
 def test_retry_still_goes_to_the_least_loaded_shard():
     d, _ = dispatcher(shards=2)
     d.submit(make_job("j").cpu("1").build())
