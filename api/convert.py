@@ -5,7 +5,7 @@ the same dict a YAML file would give, so `job_from_spec` validates it and its `S
 field by the same path (``groups[0].resources.memory``). Quantities travel as strings ("16Gi").
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,9 +46,12 @@ def job_state_to_proto(state: JobState) -> "pb.JobState":
     return cast("pb.JobState", pb.JobState.Value(f"JOB_STATE_{state.name}"))
 
 
-def job_state_from_proto(value: int) -> JobState | None:
-    """None for JOB_STATE_UNSPECIFIED."""
-    name = pb.JobState.Name(value).removeprefix("JOB_STATE_")
+def job_state_from_proto(value: int, field: str = "state") -> JobState | None:
+    """None for JOB_STATE_UNSPECIFIED; SpecError naming `field` for a number the enum lacks."""
+    try:
+        name = pb.JobState.Name(value).removeprefix("JOB_STATE_")
+    except ValueError:
+        raise _unknown_state(field, "job state", value, pb.JobState.items(), "JOB_STATE_") from None
     return None if name == "UNSPECIFIED" else JobState[name]
 
 
@@ -56,8 +59,11 @@ def task_state_to_proto(state: TaskState) -> "pb.TaskState":
     return cast("pb.TaskState", pb.TaskState.Value(f"TASK_STATE_{state.name}"))
 
 
-def task_state_from_proto(value: int) -> TaskState | None:
-    name = pb.TaskState.Name(value).removeprefix("TASK_STATE_")
+def task_state_from_proto(value: int, field: str = "state") -> TaskState | None:
+    try:
+        name = pb.TaskState.Name(value).removeprefix("TASK_STATE_")
+    except ValueError:
+        raise _unknown_state(field, "task state", value, pb.TaskState.items(), "TASK_STATE_") from None
     return None if name == "UNSPECIFIED" else TaskState[name]
 
 
@@ -65,9 +71,21 @@ def node_state_to_proto(state: NodeState) -> "pb.NodeState":
     return cast("pb.NodeState", pb.NodeState.Value(f"NODE_STATE_{state.name}"))
 
 
-def node_state_from_proto(value: int) -> NodeState | None:
-    name = pb.NodeState.Name(value).removeprefix("NODE_STATE_")
+def node_state_from_proto(value: int, field: str = "state") -> NodeState | None:
+    try:
+        name = pb.NodeState.Name(value).removeprefix("NODE_STATE_")
+    except ValueError:
+        raise _unknown_state(field, "node state", value, pb.NodeState.items(), "NODE_STATE_") from None
     return None if name == "UNSPECIFIED" else NodeState[name]
+
+
+def _unknown_state(
+    field: str, what: str, value: int, known: Iterable[tuple[str, int]], prefix: str
+) -> SpecError:
+    """A number the enum does not define (a newer peer, or a typo) is the sender's mistake: a
+    SpecError, so the API answers INVALID_ARGUMENT rather than INTERNAL."""
+    listed = ", ".join(f"{number} {name.removeprefix(prefix).lower()}" for name, number in known)
+    return SpecError(field, f"unknown {what} {value} (known: {listed})")
 
 
 # == job spec: proto -> dict -> Job =================================================================

@@ -12,29 +12,37 @@ from gosched.api.metrics import SchedulerMetrics
 from gosched.api.service import SchedulerService
 
 log = logging.getLogger(__name__)
+TEXT = "text/plain; charset=utf-8"
 
 
 def http_handler(service: SchedulerService, metrics: SchedulerMetrics) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            self._reply(*self._answer())
+
+        def do_HEAD(self) -> None:
+            # Probes (load balancers, uptime checks) often use HEAD: GET's status and headers only.
+            self._reply(*self._answer(), body=False)
+
+        def _answer(self) -> tuple[int, bytes, str]:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
                 ok = service.alive
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"scheduler thread failed\n")
-            elif path == "/readyz":
+                return (200 if ok else 503), (b"ok\n" if ok else b"scheduler thread failed\n"), TEXT
+            if path == "/readyz":
                 ok = service.ready
-                self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-            elif path == "/metrics":
-                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            else:
-                self._reply(404, b"not found\n")
+                return (200 if ok else 503), (b"ready\n" if ok else b"not ready\n"), TEXT
+            if path == "/metrics":
+                return 200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+            return 404, b"not found\n", TEXT
 
-        def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        def _reply(self, code: int, payload: bytes, content_type: str, *, body: bool = True) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(body)
+            if body:
+                self.wfile.write(payload)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("http: " + format, *args)

@@ -48,8 +48,8 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     if isinstance(exc, NotFound):
         return grpc.StatusCode.NOT_FOUND, str(exc)
     if isinstance(exc, AdmissionRejected):
-        retry = f" (retry after {exc.retry_after_s:.3f}s)" if exc.retry_after_s else ""
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc.reason}{retry}"
+        # The reason already says when to retry (admission writes it with the numbers).
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, exc.reason
     if isinstance(exc, FailedPrecondition):
         return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, Unavailable | ControlUnavailable):

@@ -31,9 +31,9 @@ def memory(n: int) -> str:
 
 
 def age(seconds: float) -> str:
-    """A duration as its largest unit: 42s, 5m, 3h, 2d."""
+    """A duration as its largest unit: 42s, 5m, 3h, 2d, 4y (negatives, from clock skew, as 0s)."""
     s = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+    for unit, size in (("y", 365 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
         if s >= size:
             return f"{s // size}{unit}"
     return f"{s}s"

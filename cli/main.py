@@ -97,6 +97,8 @@ def bench(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    # Each run builds its Settings from these flags: a bad one is reported here, before any runs.
+    master_cmds.flag_settings(shards=max(counts), batch_size=batch_size)
     if memory:
         _bench_memory(nodes, pods, counts[0], Path(out))
         return
@@ -267,6 +269,7 @@ def demo(
     """Run the scheduler in one process on simulated nodes and show it working."""
     from gosched.runtime.demo import run_demo
 
+    master_cmds.flag_settings(shards=shards)  # run_demo builds its Settings from this flag
     run_demo(nodes=nodes, jobs=jobs, shards=shards, echo=typer.echo)
 
 
@@ -276,11 +279,7 @@ def config_show(
 ) -> None:
     """Print the effective configuration (file, then GOSCHED_* env; a command's flags go on top) and
     check the profile's plugin names."""
-    try:
-        settings = master_cmds.checked_settings(config)
-    except Exception as exc:  # pydantic's ValidationError names each bad field
-        typer.echo(f"invalid configuration: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    settings = master_cmds.settings_or_exit(lambda: master_cmds.checked_settings(config))
     typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
 
 

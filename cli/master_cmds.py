@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,11 +28,23 @@ SimSecondsOpt = Annotated[
 
 
 def _settings(config: str | None, **overrides: Any) -> Settings:
+    return settings_or_exit(lambda: checked_settings(config, **overrides))
+
+
+def settings_or_exit(build: Callable[[], Settings]) -> Settings:
+    """`build()`, or the reason it is invalid on stderr and exit 2: every command that takes
+    settings from a file or flags reports them alike, never with a traceback."""
     try:
-        return checked_settings(config, **overrides)
+        return build()
     except Exception as exc:  # pydantic's ValidationError names each bad field
         typer.echo(f"invalid configuration: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+def flag_settings(**flags: Any) -> Settings:
+    """Settings from a command's own flags (demo, bench), checked before the command starts: those
+    commands build theirs deep inside the run, where a bad value would end in a traceback."""
+    return settings_or_exit(lambda: Settings(**flags))
 
 
 def checked_settings(config: str | None, **overrides: Any) -> Settings:

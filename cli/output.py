@@ -135,7 +135,9 @@ def _when(t: float) -> str:
     if not t:
         return "-"
     stamp = datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
-    return f"{stamp} ({h.age(time.time() - t)} ago)"
+    ahead = t - time.time()
+    # A deadline may lie ahead; age() clamps negatives (clock skew) to 0s, so say "in" instead.
+    return f"{stamp} (in {h.age(ahead)})" if ahead > 0 else f"{stamp} ({h.age(-ahead)} ago)"
 
 
 def _pairs(items: Mapping[str, str] | Sequence[tuple[str, str]]) -> str:

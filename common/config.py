@@ -149,6 +149,14 @@ class Settings(BaseSettings):
     # An agent silent this long loses its node: not ready, its tasks queued again.
     node_timeout_s: float = Field(default=10.0, gt=0.0)
 
+    @field_validator("queues")
+    @classmethod
+    def _some_queue(cls, v: list[QueueConfig]) -> list[QueueConfig]:
+        # Every job names a queue ("default" unless it says otherwise): with none, no submission passes.
+        if not v:
+            raise ValueError("needs at least one queue (jobs go to 'default' unless they name another)")
+        return v
+
     @model_validator(mode="after")
     def _unique_queues(self) -> "Settings":
         names = [q.name for q in self.queues]

@@ -127,3 +127,13 @@ def test_node_round_trip_and_states() -> None:
     for task_state in TaskState:
         assert convert.task_state_from_proto(convert.task_state_to_proto(task_state)) is task_state
     assert convert.job_state_from_proto(pb.JOB_STATE_UNSPECIFIED) is None
+
+
+@pytest.mark.parametrize(
+    "from_proto",
+    [convert.job_state_from_proto, convert.task_state_from_proto, convert.node_state_from_proto],
+)
+def test_an_unknown_state_number_is_a_spec_error_naming_the_field(from_proto: object) -> None:
+    with pytest.raises(SpecError, match=r"^state: unknown .*state 99 ") as err:
+        from_proto(99)  # type: ignore[operator]
+    assert err.value.field == "state"

@@ -23,7 +23,7 @@ from gosched.common.config import AdmissionConfig, QueueConfig, Settings
 from gosched.common.node import NodeState
 from gosched.common.spec import job_from_spec
 from gosched.common.states import JobState, TaskState
-from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.runtime.simulation import sim_nodes
 
 GPU_NODES = {"sim-00000", "sim-00004"}  # sim_nodes(8): every 4th node has 8 A100s
@@ -90,6 +90,16 @@ def _http(server: ServerHandle, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _head(server: ServerHandle, path: str) -> tuple[int, int, bytes]:
+    """HEAD `path`: the status, the Content-Length announced, and the body (none)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, int(reply.headers["Content-Length"]), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, int(exc.headers["Content-Length"]), exc.read()
+
+
 # -- jobs ------------------------------------------------------------------------------------------
 def test_gang_job_is_bound(client: Client) -> None:
     job_id = client.submit(gang(), submission_id="gang-1")
@@ -147,6 +157,21 @@ def test_unknown_job_is_not_found(client: Client) -> None:
         assert err.value.code is grpc.StatusCode.NOT_FOUND and "no-such-job" in err.value.message
     with pytest.raises(errors.NotFound):
         list(client.watch("no-such-job", timeout=5))
+
+
+def test_an_unknown_state_filter_is_invalid_argument(server: ServerHandle) -> None:
+    # A number the enum does not define (a newer client, a typo): the caller's fault, not INTERNAL.
+    with grpc.insecure_channel(server.target) as channel:
+        jobs = jobs_pb2_grpc.JobServiceStub(channel)
+        nodes = cluster_pb2_grpc.ClusterServiceStub(channel)
+        for call, value in (
+            (lambda: jobs.ListJobs(jobs_pb2.ListJobsRequest(state=99), timeout=5), 99),
+            (lambda: nodes.ListNodes(cluster_pb2.ListNodesRequest(state=42), timeout=5), 42),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert err.value.details().startswith("state: ") and str(value) in err.value.details()
 
 
 def test_list_filters_and_pages(client: Client) -> None:
@@ -302,6 +327,16 @@ def test_http_endpoints(server: ServerHandle, client: Client) -> None:
     assert float(bound.split()[1]) >= 1
 
 
+def test_http_head_answers_like_get_without_a_body(server: ServerHandle) -> None:
+    # Load balancers and uptime checkers probe with HEAD.
+    for path in ("/healthz", "/readyz", "/metrics"):
+        code, length, body = _head(server, path)
+        assert (code, body) == (200, b""), path
+        assert length > 0, path
+    assert _head(server, "/readyz") == (200, len(b"ready\n"), b"")
+    assert _head(server, "/nope") == (404, len(b"not found\n"), b"")
+
+
 # -- life cycle: its own server --------------------------------------------------------------------
 def test_unavailable_admission_and_restart(tmp_path: Path) -> None:
     path = tmp_path / "gosched.db"
@@ -338,6 +373,23 @@ def test_unavailable_admission_and_restart(tmp_path: Path) -> None:
             assert len(client.nodes()) == 4  # from the store
     finally:
         again.stop()
+
+
+def test_a_rate_limit_refusal_says_when_to_retry_once(tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path / "gosched.db", admission=AdmissionConfig(tenant_rate_per_s=0.01, tenant_burst=1)
+    )
+    handle = serve(settings, (), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+    try:
+        with Client(handle.target, timeout=5) as client:
+            client.submit(too_big())
+            with pytest.raises(errors.ResourceExhausted) as err:
+                client.submit(too_big())
+    finally:
+        handle.stop()
+    message = err.value.message
+    assert message.startswith("tenant 'default' rate limit: ") and message.count("retry after") == 1, message
+    assert re.search(r"; retry after \d+\.\d{3}s$", message), message
 
 
 # -- one master per port and per store -----------------------------------------------------------------

@@ -349,6 +349,17 @@ def test_describe_shows_spec_tasks_and_explanation(server: ServerHandle) -> None
     assert len(data["tasks"]) == 4 and data["explanation"].startswith("job train")
 
 
+def test_describe_says_a_future_deadline_is_ahead(server: ServerHandle, client: Client) -> None:
+    # Two days and a bit ahead: "in 2d", not an age clamped to "0s ago".
+    job_id = client.submit({"command": ["sleep", "1"], "gpus": 16, "deadline": time.time() + 2 * 86400 + 600})
+    try:
+        text = run(server, "describe", job_id).stdout
+        assert re.search(r"^Deadline: +\S+ \(in 2d\)$", text, re.MULTILINE), text
+        assert re.search(r"^Submitted: +\S+ \(\d+s ago\)$", text, re.MULTILINE), text
+    finally:
+        client.cancel(job_id)
+
+
 def test_explain_says_why_a_job_is_pending(server: ServerHandle, client: Client) -> None:
     job_id = too_big(server)
     deadline = time.monotonic() + 10
@@ -439,6 +450,22 @@ def test_queues_and_status(server: ServerHandle, client: Client) -> None:
 def test_master_from_the_environment(server: ServerHandle) -> None:
     result = CliRunner(env={"GOSCHED_MASTER": server.target}).invoke(app, ["status", "-o", "json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["nodes"] == 8
+
+
+# -- commands that build their settings from flags ----------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["demo", "--shards", "0", "--nodes", "2", "--jobs", "2"], "shards"),
+        (["bench", "--in-process", "--shards", "300", "--nodes", "2", "--pods", "2"], "shards"),
+        (["bench", "--in-process", "--batch-size", "0", "--nodes", "2", "--pods", "2"], "batch_size"),
+    ],
+)
+def test_a_bad_settings_flag_exits_2_naming_the_field(args: list[str], field: str, tmp_path: Path) -> None:
+    # As `gosched master --shards 0` does: a message naming the field, not a traceback.
+    result = CliRunner().invoke(app, [*args, *(["--out", str(tmp_path)] if args[0] == "bench" else [])])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "invalid configuration" in result.stderr and f"\n{field}\n" in result.stderr, result.stderr
 
 
 # -- the master is not there ---------------------------------------------------------------------

@@ -22,6 +22,7 @@ def test_human_numbers() -> None:
         "16Gi", "1.5Gi", "512Mi", "768Gi", "3Ti", "0", "100",
     ]  # fmt: skip
     assert [h.age(s) for s in (0, 59, 61, 7200, 3 * 86400, -5)] == ["0s", "59s", "1m", "2h", "3d", "0s"]
+    assert [h.age(s) for s in (364 * 86400, 4 * 365 * 86400 + 86400)] == ["364d", "4y"]
     request = ResourceRequest(cpu_milli=4000, memory=16 * GiB, gpu_milli=250, gpu_memory_mib=40960)
     assert h.request(request) == "cpu 4, mem 16Gi, gpu 0.25, gpu-mem 40Gi"
     assert h.request(ResourceRequest()) == "-"

@@ -85,3 +85,18 @@ def test_config_show_checks_the_profile_plugin_names(tmp_path: Path, profile: st
     else:
         assert result.exit_code == 2
         assert re.search(error, result.stderr) and "invalid configuration" in result.stderr
+
+
+def test_an_empty_queue_list_is_refused(tmp_path: Path) -> None:
+    # Every job names a queue ("default" unless it says otherwise): with none, no submission could pass.
+    path = tmp_path / "gosched.yaml"
+    path.write_text("queues: []\n")
+    with pytest.raises(ValueError, match=r"queues\n.*at least one queue"):
+        load_settings(path)
+    from typer.testing import CliRunner
+
+    from gosched.cli.main import app
+
+    result = CliRunner().invoke(app, ["config", "show", "-c", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "invalid configuration" in result.stderr and "at least one queue" in result.stderr
