@@ -126,6 +126,17 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 return -1.0, False, ""
             return time.monotonic() - s.last_seen, s.connected, s.limits
 
+    def uncordoned_state(self, node: Node) -> NodeState:
+        """The state an uncordon leaves `node` in: ready, unless it is an agent's node whose agent
+        is gone (lost while cordoned, or since): then not ready until the agent registers again,
+        as kubectl uncordon leaves a NotReady node NotReady. Ready would never time out again, as
+        no session is left to miss heartbeats, and tasks would be bound there for good."""
+        if not dict(node.labels).get(AGENT_LABEL):
+            return NodeState.READY  # simulated: no agent to wait for
+        with self._lock:
+            self._operator_state.pop(node.name, None)  # the cordon is lifted: not restored later
+            return NodeState.READY if node.name in self.sessions else NodeState.NOT_READY
+
     # -- gRPC ----------------------------------------------------------------------------------------
     def Register(self, request: agent_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:
         try:

@@ -251,7 +251,10 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
 
     @_mapped
     def CordonNode(self, request: cluster_pb2.CordonNodeRequest, context: Any) -> pb.NodeInfo:
-        state = NodeState.READY if request.uncordon else NodeState.CORDONED
+        if request.uncordon:
+            state = self.gateway.uncordoned_state(self.service.node(request.name).node)
+        else:
+            state = NodeState.CORDONED
         return self._node(self.service.set_node_state(request.name, state))
 
     @_mapped

@@ -147,6 +147,24 @@ def test_a_cordon_outlives_the_loss_of_the_node(master: ServerHandle) -> None:
             back.close()
 
 
+def test_uncordoning_a_lost_node_leaves_it_not_ready_until_its_agent_returns(master: ServerHandle) -> None:
+    agent = ScriptedAgent(master.target, "u2")
+    with Client(master.target, timeout=10) as client:
+        agent.close()
+        wait_for("the node lost", lambda: client.node("u2").state is NodeState.NOT_READY)
+        client.cordon("u2")
+        assert client.cordon("u2", uncordon=True).state is NodeState.NOT_READY  # was: ready, for good
+        job = client.submit({"id": "stray", "cpu": "1", "command": "true"})
+        time.sleep(3 * TIMEOUT_S)
+        assert client.get(job).state is JobState.PENDING  # nothing bound to the agentless node
+        back = ScriptedAgent(master.target, "u2")
+        try:
+            assert client.node("u2").state is NodeState.READY  # the lifted cordon is not restored
+            wait_for("the job placed", lambda: client.get(job).state is not JobState.PENDING)
+        finally:
+            back.close()
+
+
 def test_a_node_update_relabels_the_node_and_keeps_its_cordon(master: ServerHandle) -> None:
     # The agent's docker daemon stopped, then started again: tasks with an image wait for it.
     agent = ScriptedAgent(master.target, "u1")
