@@ -83,7 +83,12 @@ def error_message(exc: BaseException, master: str) -> str:
             f"  {exc.message or 'unavailable'}"
         )
     if isinstance(exc, DeadlineExceeded):
-        return f"the master at {master} did not answer in time: {exc.message}"
+        # The request reached the master and may yet be applied: a blind retry can submit twice.
+        return (
+            f"the master at {master} did not answer in time: {exc.message}\n"
+            "  the request may still take effect: check (gosched jobs) before retrying, or submit "
+            "with --submission-id, which makes a retry return the first job"
+        )
     if isinstance(exc, MessageTooLarge):
         return f"the request or its answer is too large for one gRPC message: {exc.message}"
     if isinstance(exc, ResourceExhausted):
