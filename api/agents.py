@@ -84,6 +84,7 @@ class _Reports:
 
     started: list[tuple[str, str]] = field(default_factory=list)
     finished: dict[TaskState, list[tuple[str, str]]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # task id -> why it failed, where
     lost: list[tuple[str, str]] = field(default_factory=list)
     # Ended tasks leave their session's `sent` only once the end is applied (in the same tick as
     # the release), or a reconcile in between would see them resident and not sent: a relaunch.
@@ -266,6 +267,9 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                     r.lost.append((node, tid))
                 else:
                     r.finished.setdefault(state, []).append((node, tid))
+                    if state is TaskState.FAILED:
+                        why = status.message or f"exit code {status.exit_code}"
+                        r.failures[tid] = f"{why} (on {node})"
         self.service._wake.set()
 
     # -- the tick (scheduling thread, service lock held) -------------------------------------------------
@@ -301,7 +305,8 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         for state, items in r.finished.items():
             tids = here(items)
             if tids:
-                control.finished(tids, state)
+                reasons = {t: r.failures[t] for t in tids if t in r.failures}
+                control.finished(tids, state, reasons or None)
         if lost:
             control.lost(lost)
         with self._lock:

@@ -39,7 +39,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from gosched.common.config import Settings
@@ -488,9 +488,12 @@ class Dispatcher:
         """
         return 0 <= shard < len(self._shard_refused) and any(self._shard_refused[shard])
 
-    def on_released(self, task_ids: Iterable[str], final_state: TaskState) -> None:
+    def on_released(
+        self, task_ids: Iterable[str], final_state: TaskState, reasons: Mapping[str, str] | None = None
+    ) -> None:
         """Tasks that stopped holding resources: finished (succeeded, failed, cancelled), or back to
-        pending (PENDING: node lost; PREEMPTED: evicted) and then queued again."""
+        pending (PENDING: node lost; PREEMPTED: evicted) and then queued again. `reasons`: why a
+        failed task failed (its agent's words), kept as the job's note for explain."""
         updates: Updates = []
         freed = False
         for tid in task_ids:
@@ -516,6 +519,8 @@ class Dispatcher:
                 if current in TERMINAL:
                     continue
                 self._apply(rec, [(index, final_state)], updates)
+                if reasons and tid in reasons:
+                    rec.note = f"task {index} {final_state.value}: {reasons[tid]}"
                 if rec.where is Where.INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)

@@ -6,7 +6,7 @@ Every query returns plain snapshots (gosched.common.snapshots), never a live com
 same API code serves both: over Ray a snapshot is one actor call, whatever its size.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -58,8 +58,11 @@ class ControlPlane(Protocol):
         """bound -> running."""
         ...
 
-    def finished(self, task_ids: Sequence[str], final: TaskState) -> None:
-        """The tasks ended on their node (SUCCEEDED / FAILED): free their resources."""
+    def finished(
+        self, task_ids: Sequence[str], final: TaskState, reasons: Mapping[str, str] | None = None
+    ) -> None:
+        """The tasks ended on their node (SUCCEEDED / FAILED): free their resources. `reasons`:
+        why a task failed, as its agent said (shown by explain)."""
         ...
 
     def lost(self, task_ids: Sequence[str]) -> None:

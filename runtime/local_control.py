@@ -1,7 +1,7 @@
 """LocalControl: the ControlPlane over an in-process Pipeline (tests, `gosched demo`, a master
 started with `--in-process`)."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gosched.binder import queries
@@ -57,8 +57,10 @@ class LocalControl:
     def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
         return self.pipeline.store.task_attempts(task_ids)
 
-    def finished(self, task_ids: Sequence[str], final: TaskState) -> None:
-        self.pipeline.complete(task_ids, final)
+    def finished(
+        self, task_ids: Sequence[str], final: TaskState, reasons: Mapping[str, str] | None = None
+    ) -> None:
+        self.pipeline.complete(task_ids, final, reasons)
 
     def lost(self, task_ids: Sequence[str]) -> None:
         released = self.pipeline.binder.lose(task_ids)

@@ -7,7 +7,7 @@ same moment), then the binder judges the shards' batches one after another.
 """
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,10 +106,16 @@ class Pipeline:
     def submit_many(self, jobs: Sequence[Job]) -> list[str]:
         return self.dispatcher.submit_many(jobs)
 
-    def complete(self, task_ids: Sequence[str], final: TaskState = TaskState.SUCCEEDED) -> None:
-        """Tasks that ended on their node: free their resources and record the end."""
+    def complete(
+        self,
+        task_ids: Sequence[str],
+        final: TaskState = TaskState.SUCCEEDED,
+        reasons: Mapping[str, str] | None = None,
+    ) -> None:
+        """Tasks that ended on their node: free their resources and record the end (and, for a
+        failure, why: `reasons` by task id)."""
         self.binder.release(task_ids, final.value)
-        self.dispatcher.on_released(task_ids, final)
+        self.dispatcher.on_released(task_ids, final, reasons)
 
     def cancel(self, job_id: str) -> None:
         holding = self.dispatcher.cancel(job_id)

@@ -33,7 +33,7 @@ import os
 import resource
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -237,8 +237,10 @@ class DispatcherCore:
     def on_started(self, task_ids: Sequence[str]) -> list[str]:
         return self.dispatcher.on_started(task_ids)
 
-    def on_released(self, task_ids: Sequence[str], final_state: str) -> None:
-        self.dispatcher.on_released(task_ids, TaskState(final_state))
+    def on_released(
+        self, task_ids: Sequence[str], final_state: str, reasons: Mapping[str, str] | None = None
+    ) -> None:
+        self.dispatcher.on_released(task_ids, TaskState(final_state), reasons)
 
     def notify_cluster_changed(self) -> None:
         self.dispatcher.notify_cluster_changed()

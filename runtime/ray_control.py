@@ -12,7 +12,7 @@ call fail as ControlUnavailable (UNAVAILABLE to clients).
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import ray
@@ -160,9 +160,11 @@ class RayControl:
         out: dict[str, int] = ray.get(self.rs.dispatcher.task_attempts.remote(list(task_ids)))
         return out
 
-    def finished(self, task_ids: Sequence[str], final: TaskState) -> None:
+    def finished(
+        self, task_ids: Sequence[str], final: TaskState, reasons: Mapping[str, str] | None = None
+    ) -> None:
         ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
-        ray.get(self.rs.dispatcher.on_released.remote(list(task_ids), final.value))
+        ray.get(self.rs.dispatcher.on_released.remote(list(task_ids), final.value, dict(reasons or {})))
         self._wake_shards()
 
     def lost(self, task_ids: Sequence[str]) -> None:

@@ -134,6 +134,28 @@ def test_reports_about_tasks_not_placed_on_the_node_are_dropped(master: ServerHa
         agent.close()
 
 
+def test_explain_says_why_and_where_a_task_failed(master: ServerHandle) -> None:
+    agent = ScriptedAgent(master.target, "f1")
+    try:
+        with Client(master.target, timeout=10) as client:
+            for job_id, code, message, want in (
+                ("exit3", 3, "", "task 0 failed: exit code 3 (on f1)"),
+                (
+                    "nobin",
+                    127,
+                    "failed to start: no such file",
+                    "task 0 failed: failed to start: no such file (on f1)",
+                ),
+            ):
+                client.submit({"id": job_id, "cpu": "1", "command": "true"})
+                launch = agent.launches.get(timeout=10)
+                agent.report(launch.task_id, pb.TASK_STATE_FAILED, exit_code=code, message=message)
+                wait_for("the failure", lambda j=job_id: client.get(j).state is JobState.FAILED)
+                assert want in client.explain(job_id)
+    finally:
+        agent.close()
+
+
 def test_a_cordon_outlives_the_loss_of_the_node(master: ServerHandle) -> None:
     agent = ScriptedAgent(master.target, "c1")
     with Client(master.target, timeout=10) as client:
