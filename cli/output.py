@@ -3,6 +3,7 @@ order, exact integers) and aligned tables or `Name: value` blocks for people (`-
 
 import enum
 import json
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -121,6 +122,12 @@ def queue_data(q: QueueInfo) -> dict[str, Any]:
 
 
 # == for people ====================================================================================
+def command_text(argv: Sequence[str]) -> str:
+    """argv as a shell would take it back: quoted where needed, so argument boundaries show, and
+    one line (a newline inside an argument would break a table row)."""
+    return shlex.join(argv).replace("\n", "\\n")
+
+
 def counts_text(info: JobInfo) -> str:
     """The tasks per state, e.g. "3 running, 1 pending" ("-" when none are counted)."""
     return ", ".join(f"{n} {state}" for state, n in task_counts(info).items()) or "-"
@@ -164,7 +171,7 @@ def jobs_view(infos: Sequence[JobInfo], *, wide: bool = False) -> str:
             h.age(now - info.submit_time) if info.submit_time else "-",
         ]
         if wide:
-            row += [job.kind.value, job.submission_id, " ".join(job.groups[0].command)]
+            row += [job.kind.value, job.submission_id, command_text(job.groups[0].command)]
         rows.append(row)
     return h.table(headers, rows)
 
@@ -176,7 +183,8 @@ def tasks_view(info: JobInfo) -> str:
 
 def _groups_text(info: JobInfo) -> str:
     return "\n".join(
-        f"{g.role} x{g.replicas}: {h.request(g.resources)}; {' '.join(g.command)}" for g in info.job.groups
+        f"{g.role} x{g.replicas}: {h.request(g.resources)}; {command_text(g.command)}"
+        for g in info.job.groups
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 from gosched.api import errors
 from gosched.cli import humanize as h
 from gosched.cli.exits import CliError, ExitCode, error_message, exit_code
+from gosched.cli.output import command_text
 from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
 from gosched.common.errors import SpecError
 from gosched.common.resources import ResourceRequest
@@ -88,3 +89,9 @@ def test_every_error_has_its_exit_code() -> None:
     assert late.startswith("the master at m:1 did not answer in time") and "--submission-id" in late
     assert "cannot reach the master at m:1" in error_message(errors.Unavailable("refused"), "m:1")
     assert "not ready" in error_message(errors.Unavailable("the scheduler is not ready"), "m:1")
+
+
+def test_commands_are_shown_with_their_argument_boundaries() -> None:
+    assert command_text(["sh", "-c", 'echo "a b"; echo c']) == """sh -c 'echo "a b"; echo c'"""
+    assert command_text(["python", "train.py", "--lr", "0.1"]) == "python train.py --lr 0.1"
+    assert "\n" not in command_text(["printf", "a\nb"])  # one table row
