@@ -6,6 +6,8 @@ A proposal is *clean* when
     victim named in the batch (so no eviction or gang break of this batch can touch it);
   * its job has no anti-affinity rule (the anti_affinity stage looks at other tasks) and carries
     no labels that a rule of the batch repels (bound early, it would turn that rule's verdict);
+  * its job's queue has no floor named in the batch (the queue_floors stage looks at the queue's
+    whole usage, which a proposal bound early, out of batch order, would raise);
   * each of its tasks is valid, unbound, proposed once in the whole batch and named by no victim;
   * each placement's node exists and is schedulable, its GPU pairs match the request (the same
     static checks as the stages), and every extended resource it asks for is known;
@@ -158,6 +160,11 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
 
     if repelled and maybe:
         maybe = [u for u in maybe if not _repelled(set(proposals[u.index].job.labels), repelled)]
+
+    if victims and maybe:  # floors travel only with proposals that evict
+        floored = {f.queue for p in proposals for f in p.floors}
+        if floored:
+            maybe = [u for u in maybe if proposals[u.index].job.queue not in floored]
 
     if not maybe:
         return []

@@ -265,6 +265,18 @@ CASES: dict[str, Case] = {
         before=[prop(QA_GANG, at(0, "n1"), at(1, "n2"))],
         rejected=[("qb", "queue_floors", (0,))],
     ),
+    "queue_floor_judged_in_batch_order_not_after_the_fast_path": Case(
+        # qa2 comes after qb in the batch: bound early by the fast path, it would lift queue a
+        # to 8 cpus and let qb take a below its floor (found by the hypothesis test below).
+        [N4, N4B],
+        [
+            floored(prop(cpu_job("qb", "4", priority=100, queue="b"), at(0, "n1", victims=("qa1/0",)))),
+            prop(QA2, at(0, "n2")),
+        ],
+        before=[prop(QA1, at(0, "n1"))],
+        accepted={"qa2": [0]},
+        rejected=[("qb", "queue_floors", (0,))],
+    ),
     "queue_floor_of_the_preemptors_own_queue_is_not_its_limit": Case(
         [N4, N4B],
         [
