@@ -16,7 +16,7 @@ from typing import Protocol
 from gosched.binder.state import BinderState
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.job import AntiAffinity, Job, task_id
-from gosched.common.messages import Placement, Proposal
+from gosched.common.messages import Floor, Placement, Proposal, floor_kept
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 
 
@@ -285,9 +285,7 @@ class QueueFloorsHold:
         return [refused.get(c.row) for c in candidates]
 
 
-def _floor_broken(
-    state: BinderState, floors: dict[str, tuple[int | None, int | None, int | None]], victims: list[Resident]
-) -> str | None:
+def _floor_broken(state: BinderState, floors: dict[str, Floor], victims: list[Resident]) -> str | None:
     """Why evicting `victims` (and the rest of each gang they leave below its min_member) takes a
     queue below its floor in every resource, or None."""
     by_job: dict[str, list[Resident]] = {}
@@ -306,9 +304,8 @@ def _floor_broken(
             acc[1] += r.memory
             acc[2] += sum(m for _, m in r.gpus)
     for queue, lost in taken.items():
-        floor = floors[queue]
         held = state.queue_usage(queue)
-        if not any(f is not None and h - x >= f for h, x, f in zip(held, lost, floor, strict=True)):
+        if not floor_kept([h - x for h, x in zip(held, lost, strict=True)], floors[queue]):
             return f"evicting its victims would take queue {queue} below its guaranteed share"
     return None
 

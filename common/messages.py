@@ -32,6 +32,15 @@ class QueueFloor:
     gpu_milli: int | None
 
 
+Floor = tuple[int | None, int | None, int | None]  # a QueueFloor's amounts: cpu milli, memory, GPU milli
+
+
+def floor_kept(use: Sequence[int], floor: Floor) -> bool:
+    """`use` (cpu milli, memory, GPU milli) is at or above `floor` in some resource: the rule the
+    shard's victim pricing and the binder's queue_floors stage both apply."""
+    return any(f is not None and x >= f for x, f in zip(use, floor, strict=True))
+
+
 @fast_pickle
 @dataclass(slots=True)
 class Unit:

@@ -13,6 +13,7 @@ from collections.abc import Set as AbstractSet
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.messages import floor_kept
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.scheduler_shard.class_cache import ClassEntry, passes_dynamic_filters
 from gosched.scheduler_shard.framework.interfaces import Candidate, Mask
@@ -244,17 +245,12 @@ class Pricer:
             left = [held[i] - prior_taken[i] - extra[i] for i in range(1, 4)]
             floor = self.floors[queue]
             if queue == self.own_queue:
-                if not _keeps(held[1:], floor):
+                if not floor_kept(held[1:], floor):
                     continue  # below its floor already: a swap within it settles nothing
                 left = [x + a for x, a in zip(left, self.adds, strict=True)]
-            if not _keeps(left, floor):
+            if not floor_kept(left, floor):
                 return None  # the queue would fall below its guarantee
         return lost, lost_priority
-
-
-def _keeps(use: list[int], floor: tuple[int | None, int | None, int | None]) -> bool:
-    """`use` (cpu, memory, GPU milli) is at or above the floor in some resource."""
-    return any(f is not None and x >= f for x, f in zip(use, floor, strict=True))
 
 
 def victims_on_row(

@@ -102,7 +102,7 @@ def test_ours_places_more_than_fgd_on_the_real_trace() -> None:
     folder = trace_dir()
     nodes_csv, pods_csv = folder / "openb_node_list_gpu_node.csv", folder / "openb_pod_list_default.csv"
     if not (nodes_csv.exists() and pods_csv.exists()):
-        pytest.skip(f"the openb trace is not in {folder}")
+        pytest.skip(f"the openb trace is not available in {folder}")
     nodes, tasks = load_nodes(nodes_csv), load_tasks(pods_csv)
     order = arrival_order(tasks, sum(len(n.gpus) for n in nodes) * 1000, seed=0)
     ours = replay_once(nodes, order, "gosched_frag", levels=(1.0,))[1.0]

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
-from gosched.common.messages import QueueFloor, Unit
+from gosched.common.messages import Floor, QueueFloor, Unit
 from gosched.scheduler_shard.framework.interfaces import (
     Candidate,
     CandidateSortingPlugin,
@@ -22,8 +22,6 @@ from gosched.scheduler_shard.framework.interfaces import (
     VictimSearchingPlugin,
 )
 from gosched.scheduler_shard.framework.registry import register
-
-Floor = tuple[int | None, int | None, int | None]  # None: the cluster lacks it, counts in no share
 
 
 class Quota(NamedTuple):
