@@ -21,7 +21,7 @@ from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
 from gosched.scheduler_shard.plugins.preemption import PricedCandidate, quota_of
-from gosched.scheduler_shard.unit_context import EVICT, UnitContext
+from gosched.scheduler_shard.unit_context import EVICT, PLACE, UnitContext
 
 
 def fits_row(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
@@ -122,10 +122,11 @@ class Census:
     evictions: what a gang break takes, and what a queue holds against its floor. The view's
     counts (ViewCensus, brought up to date once per unit) with the unit's evictions put back."""
 
-    __slots__ = ("_back_jobs", "_back_queues", "_view")
+    __slots__ = ("_back_jobs", "_back_queues", "_view", "seen")
 
     def __init__(self, state: ClusterArrays, ctx: UnitContext) -> None:
         self._view = view_census(state)
+        self.seen = len(ctx.log)  # the unit's steps counted in the view (later ones are not)
         self._back_jobs: dict[str, Use] = {}
         self._back_queues: dict[str, Use] = {}
         own = ctx.unit.job.id
@@ -204,6 +205,13 @@ class Pricer:
                 return list(whole)
         return acc
 
+    def _placed_since(self) -> tuple[int, int, int]:
+        cpu = mem = gpu = 0
+        for action, _, r in self.ctx.log[self.census().seen :]:
+            if action == PLACE:
+                cpu, mem, gpu = cpu + r.cpu_milli, mem + r.memory, gpu + sum(m for _, m in r.gpus)
+        return cpu, mem, gpu
+
     def _taken_before(self, queue: str) -> Use:
         if self._taken is None:
             self._taken = {}
@@ -247,7 +255,9 @@ class Pricer:
             if queue == self.own_queue:
                 if not floor_kept(held[1:], floor):
                     continue  # below its floor already: a swap within it settles nothing
-                left = [x + a for x, a in zip(left, self.adds, strict=True)]
+                # The unit's own tasks count where they go: this one, and those placed since the
+                # census was taken (the view it counted had not seen them).
+                left = [x + a + p for x, a, p in zip(left, self.adds, self._placed_since(), strict=True)]
             if not floor_kept(left, floor):
                 return None  # the queue would fall below its guarantee
         return lost, lost_priority

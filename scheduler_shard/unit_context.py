@@ -99,6 +99,7 @@ class UnitContext:
         self.placements.clear()
         self.placed_rows.clear()
         self.victims_by_job.clear()
+        self.census = None  # it counted steps now undone
 
     def rollback_to(self, state: ClusterArrays, mark: tuple[int, int]) -> None:
         """Undo the steps after `mark` (from `checkpoint`)."""
@@ -111,6 +112,8 @@ class UnitContext:
         del self.log[log_len:]
         del self.placements[placed:]
         del self.placed_rows[placed:]
+        if self.census is not None and self.census.seen > log_len:
+            self.census = None  # it counted steps now undone
 
     def checkpoint(self) -> tuple[int, int]:
         return len(self.log), len(self.placements)

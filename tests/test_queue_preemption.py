@@ -199,6 +199,40 @@ def test_a_queue_does_not_swap_itself_below_its_guarantee_and_reclaim_for_ever(t
     assert all(n == 1 for n in evicted.values()), evicted
 
 
+@pytest.mark.parametrize("replicas, min_member", [(1, 1), (2, 2), (2, 1)])
+def test_a_queue_at_its_floor_still_swaps_its_own_tasks_by_priority(
+    tmp_path: Path, replicas: int, min_member: int
+) -> None:
+    # Queue a holds exactly its floor (4 cpus) with low-priority tasks; a's higher-priority job
+    # swaps them and keeps a at its floor. Its second task once saw its first one's victim taken
+    # but not its first one placed, judged a below its floor, and was never placed.
+    nodes = [make_node(f"n{i}").cpu("2").mem("4Gi").build() for i in range(4)]
+    p, evicted = pipeline(tmp_path, nodes, queues=[Q(name="a", guarantee=0.5), Q(name="b")])
+    p.submit_many(
+        [make_job(f"alow{i}").queue("a").cpu("2").mem("1Gi").build() for i in range(2)]
+        + [
+            make_job(f"b{i}").queue("b").priority(1000).cpu("2").mem("1Gi").preemptible(False).build()
+            for i in range(2)
+        ]
+    )
+    p.run_until_idle()
+    high = (
+        make_job("ahigh")
+        .queue("a")
+        .priority(100)
+        .cpu("2")
+        .mem("1Gi")
+        .replicas(replicas)
+        .min_member(min_member)
+    )
+    p.submit(high.build())
+    for _ in range(20):
+        if not p.step():
+            break
+    assert held(p, "ahigh") == replicas
+    assert sum(evicted.values()) == replicas and held(p, "alow") == 2 - replicas
+
+
 def test_reclaim_rule_and_floors_in_the_units() -> None:
     plan = CapacityPlanner([Q(name="a", guarantee=0.5), Q(name="b", guarantee=0.3), Q(name="c")])
     assert plan.may_reclaim(1, 0.0, 0.3)  # within the guarantee with the unit
