@@ -520,7 +520,7 @@ class Dispatcher:
                     continue
                 self._apply(rec, [(index, final_state)], updates)
                 if reasons and tid in reasons:
-                    rec.note = f"task {index} {final_state.value}: {reasons[tid]}"
+                    rec.failure = f"task {index} {final_state.value}: {reasons[tid]}"
                 if rec.where is Where.INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)
@@ -675,7 +675,8 @@ class Dispatcher:
             return
         del self._jobs[rec.job_id]
         state = job_state_of(rec.states, rec.job.min_member, rec.cancelled)
-        self._retain(FinishedJob(rec.job, state, tuple(rec.states), rec.note))
+        history = "\n".join(filter(None, (rec.disruption, rec.failure, rec.note)))
+        self._retain(FinishedJob(rec.job, state, tuple(rec.states), history))
 
     def _retain(self, done: FinishedJob) -> None:
         finished = self._finished
@@ -912,6 +913,8 @@ class Dispatcher:
                 lines.append(capacity)
         if rec.disruption:
             lines.append(rec.disruption)
+        if rec.failure:
+            lines.append(rec.failure)
         if rec.note:
             lines.append(rec.note)
         if rec.diagnosis is not None:

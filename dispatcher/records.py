@@ -28,6 +28,7 @@ class JobRecord:
         "diagnosis",
         "dispatches",
         "disruption",
+        "failure",
         "failures",
         "job",
         "job_id",
@@ -95,6 +96,7 @@ class JobRecord:
         # The latest loss of a bound task (preempted, its node lost): kept apart from `note`, which
         # the immediate retry's outcome would overwrite, and kept once the job runs again.
         self.disruption = ""
+        self.failure = ""  # the latest task failure, as its agent told it (kept as disruption is)
 
     def cost(self, index: int) -> Cost:
         return self.uniform if self.uniform is not None else self.costs[index]

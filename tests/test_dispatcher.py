@@ -130,6 +130,22 @@ def test_a_preemption_stays_in_explain_past_the_retry_that_follows():
     assert "task 0 lost its node" in d.explain("j")
 
 
+def test_a_failure_reason_stays_in_explain_while_the_job_runs_on_and_after_it_ends():
+    d, clock = dispatcher()
+    d.submit(make_job("j").cpu("1").replicas(2).min_member(1).build())
+    units(d.next_batches())
+    d.on_reply(accept_tasks("j", [0]))  # task 1 did not fit: it waits
+    d.on_released(["j/0"], TaskState.FAILED, {"j/0": "OOMKilled (on n0)"})
+    assert "task 0 failed: OOMKilled (on n0)" in d.explain("j")
+    d.notify_cluster_changed()
+    clock.advance(60.0)
+    (u2,) = units(d.next_batches())
+    d.on_reply(accept([u2]))  # the freed room takes task 1: nothing pending now
+    assert "task 0 failed: OOMKilled (on n0)" in d.explain("j")
+    d.on_released(["j/1"], TaskState.SUCCEEDED)
+    assert "task 0 failed: OOMKilled (on n0)" in d.explain("j")  # the finished job's record
+
+
 def test_retry_still_goes_to_the_least_loaded_shard():
     d, _ = dispatcher(shards=2)
     d.submit(make_job("j").cpu("1").build())
