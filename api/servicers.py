@@ -251,11 +251,14 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
 
     @_mapped
     def CordonNode(self, request: cluster_pb2.CordonNodeRequest, context: Any) -> pb.NodeInfo:
-        if request.uncordon:
+        if not request.uncordon:
+            return self._node(self.service.set_node_state(request.name, NodeState.CORDONED))
+        # Decided and applied under the lock Register holds: the tick (liveness) cannot lose the
+        # node in between, which would leave it ready with no agent, and its cordon remembered.
+        with self.service.lock:
             state = self.gateway.uncordoned_state(self.service.node(request.name).node)
-        else:
-            state = NodeState.CORDONED
-        return self._node(self.service.set_node_state(request.name, state))
+            view = self.service.set_node_state(request.name, state)
+        return self._node(view)
 
     @_mapped
     def DrainNode(self, request: cluster_pb2.DrainNodeRequest, context: Any) -> pb.NodeInfo:

@@ -15,9 +15,10 @@ import pytest
 
 from gosched import Client
 from gosched.api import convert
+from gosched.api.agents import AgentGateway
 from gosched.api.server import ServerHandle, serve
 from gosched.common.config import Settings
-from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, NodeState, make_node
+from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Node, NodeState, make_node
 from gosched.common.states import JobState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
@@ -183,6 +184,37 @@ def test_uncordoning_a_lost_node_leaves_it_not_ready_until_its_agent_returns(mas
         try:
             assert client.node("u2").state is NodeState.READY  # the lifted cordon is not restored
             wait_for("the job placed", lambda: client.get(job).state is not JobState.PENDING)
+        finally:
+            back.close()
+
+
+def test_an_uncordon_and_the_loss_of_the_node_do_not_interleave(master: ServerHandle) -> None:
+    # The uncordon decided "ready" (the agent was there), the tick lost the node meanwhile, and
+    # the uncordon then wrote ready: a node with no agent that never timed out again.
+    gateway = next(
+        hook.__self__
+        for hook in master.service.tick_hooks
+        if isinstance(getattr(hook, "__self__", None), AgentGateway)
+    )
+    decide = gateway.uncordoned_state
+
+    def slow(node: Node) -> NodeState:
+        state = decide(node)
+        time.sleep(4 * TIMEOUT_S)  # the agent is silent by now: a tick here would lose the node
+        return state
+
+    gateway.uncordoned_state = slow  # type: ignore[method-assign]
+    agent = ScriptedAgent(master.target, "r1")
+    with Client(master.target, timeout=30) as client:
+        client.cordon("r1")
+        threading.Timer(0.3, agent.close).start()
+        client.cordon("r1", uncordon=True)
+        wait_for(
+            "the node lost", lambda: client.node("r1").state is NodeState.NOT_READY, timeout=4 * TIMEOUT_S
+        )
+        back = ScriptedAgent(master.target, "r1")
+        try:
+            assert client.node("r1").state is NodeState.READY  # the lifted cordon stays lifted
         finally:
             back.close()
 
