@@ -108,6 +108,9 @@ class Dispatcher:
         self._queues: list[PolicyQueue[JobRecord]] = [make_queue(q, self.usage) for q in settings.queues]
         self._jobs: dict[str, JobRecord] = {}
         self._finished: dict[str, FinishedJob] = {}  # oldest first
+        # Restored jobs of queues no longer configured: shown and cancellable, never scheduled
+        # (configuring the queue again brings them back at the next start).
+        self._unqueued: dict[str, FinishedJob] = {}
         self.finished_retention = finished_retention
         self._submissions: dict[str, str] = {}
         self._seq = 0
@@ -158,7 +161,12 @@ class Dispatcher:
                     ids.append(existing)
                     continue
                 batch_subs[sid] = job.id
-            if job.id in self._jobs or job.id in self._finished or job.id in batch_ids:
+            if (
+                job.id in self._jobs
+                or job.id in self._finished
+                or job.id in self._unqueued
+                or job.id in batch_ids
+            ):
                 raise SpecError("id", f"job id {job.id!r} already exists")
             batch_ids.add(job.id)
             if not job.submit_time:
@@ -554,6 +562,8 @@ class Dispatcher:
         """
         if job_id in self._finished:
             return []
+        if job_id in self._unqueued:
+            return self._cancel_unqueued(job_id)
         rec = self._jobs[job_id]
         if rec.cancelled:
             return []
@@ -579,6 +589,23 @@ class Dispatcher:
             self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
+        return [task_id(job_id, i) for i in holding]
+
+    def _cancel_unqueued(self, job_id: str) -> list[str]:
+        """Cancel a job of a queue no longer configured: it is not in usage nor in any queue."""
+        kept = self._unqueued.pop(job_id)
+        states = list(kept.states)
+        holding = [i for i, s in enumerate(states) if s in HOLDS_RESOURCES]
+        updates: Updates = []
+        for i, s in enumerate(states):
+            if s not in TERMINAL:
+                states[i] = CANCELLED
+                updates.append((task_id(job_id, i), CANCELLED))
+        self._retain(FinishedJob(kept.job, JobState.CANCELLED, tuple(states), "cancelled"))
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+        if holding:
+            self.notify_cluster_changed()
         return [task_id(job_id, i) for i in holding]
 
     def requeue_in_flight(self, shard_id: int) -> int:
@@ -753,8 +780,9 @@ class Dispatcher:
     # -- restart -----------------------------------------------------------------------------------------
     def restore(self) -> int:
         """Reload jobs from the store after a restart. Pending and scheduled tasks become pending and
-        are queued again; bound and running ones count in usage. Returns the jobs restored; jobs
-        of queues no longer configured are left in the store and listed in skipped_on_restore."""
+        are queued again; bound and running ones count in usage. Returns the jobs restored; active
+        jobs of queues no longer configured are listed in skipped_on_restore and kept apart: shown
+        (explain says why they wait) and cancellable, never scheduled."""
         if self.store is None:
             return 0
         loaded = sorted(self.store.load_jobs(), key=lambda item: item[0].submit_time)
@@ -764,16 +792,23 @@ class Dispatcher:
         for job, rows in loaded:
             if job.id in self._jobs or job.id in self._finished:
                 continue
-            if job.queue not in self._queue_index:
-                self.skipped_on_restore.append(job.id)
-                skipped_queues.add(job.queue)
-                continue
             states = [PENDING] * job.total_replicas
             for index, state, _node, _gpus in rows:
                 if state is SCHEDULED or state is PREEMPTED:
                     updates.append((task_id(job.id, index), PENDING))
                     state = PENDING
                 states[index] = state
+            if job.queue not in self._queue_index and not all(s in TERMINAL for s in states):
+                self.skipped_on_restore.append(job.id)
+                skipped_queues.add(job.queue)
+                note = (
+                    f"queue {job.queue} is not configured: kept, not scheduled "
+                    "(configure it again, or cancel the job)"
+                )
+                self._unqueued[job.id] = FinishedJob(
+                    job, job_state_of(states, job.min_member, False), tuple(states), note
+                )
+                continue
             if all(s in TERMINAL for s in states):
                 if job.submission_id:
                     self._submissions[job.submission_id] = job.id
@@ -822,26 +857,32 @@ class Dispatcher:
         return {n: self.usage.queue_share(n) for n in self.capacity.names}
 
     # -- queries --------------------------------------------------------------------------------------------
+    def _kept(self, job_id: str) -> FinishedJob:
+        """The record of a job with no JobRecord: finished, or of a queue no longer configured."""
+        kept = self._unqueued.get(job_id)
+        return self._finished[job_id] if kept is None else kept
+
     def job_state(self, job_id: str) -> JobState:
         rec = self._jobs.get(job_id)
         if rec is None:
-            return self._finished[job_id].state
+            return self._kept(job_id).state
         return job_state_of(rec.states, rec.job.min_member, rec.cancelled)
 
     def task_states(self, job_id: str) -> list[TaskState]:
         rec = self._jobs.get(job_id)
-        return list(self._finished[job_id].states if rec is None else rec.states)
+        return list(self._kept(job_id).states if rec is None else rec.states)
 
     def job(self, job_id: str) -> Job:
         rec = self._jobs.get(job_id)
-        return self._finished[job_id].job if rec is None else rec.job
+        return self._kept(job_id).job if rec is None else rec.job
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._jobs or job_id in self._finished
+        return job_id in self._jobs or job_id in self._finished or job_id in self._unqueued
 
     def job_ids(self) -> list[str]:
-        """Every job known (active, and finished ones still retained), oldest submission first."""
-        ids = [*self._jobs, *(j for j in self._finished if j not in self._jobs)]
+        """Every job known (active, of a queue no longer configured, and finished ones still
+        retained), oldest submission first."""
+        ids = [*self._jobs, *self._unqueued, *(j for j in self._finished if j not in self._jobs)]
         return sorted(ids, key=lambda j: self.job(j).submit_time)
 
     def snapshots(self, job_ids: Sequence[str]) -> list[JobSnapshot | None]:
@@ -890,6 +931,9 @@ class Dispatcher:
         """Why the job is where it is: state, tasks, retry timing, last diagnosis or rejection."""
         rec = self._jobs.get(job_id)
         if rec is None:
+            kept = self._unqueued.get(job_id)
+            if kept is not None:
+                return f"{_summary(kept.job, kept.state, kept.states)}\n{kept.note}"
             done = self._finished[job_id]
             head = _summary(done.job, done.state, done.states)
             return f"{head} (finished)" + (f"\n{done.note}" if done.note else "")

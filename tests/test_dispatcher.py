@@ -804,10 +804,19 @@ def test_restore_skips_jobs_of_queues_no_longer_configured(caplog: pytest.LogCap
     with caplog.at_level(logging.WARNING, logger="gosched.dispatcher.dispatcher"):
         assert d2.restore() == 1
     assert d2.skipped_on_restore == ["jb"]
-    assert "jb" not in d2
     assert "queue(s) no longer configured (b)" in caplog.text and "jb" in caplog.text  # told, not silent
+    # Shown, never scheduled, and it says why.
+    assert "jb" in d2 and d2.job_state("jb") is JobState.PENDING and "jb" in d2.job_ids()
+    assert "queue b is not configured" in d2.explain("jb")
+    assert "jb" not in job_ids(d2.next_batches())
     # Its id is still taken: reusing it is refused as a duplicate, naming the field.
     with pytest.raises(SpecError, match="already exists") as err:
         d2.submit_many([make_job("jb").queue("a").build()])
     assert err.value.field == "id"
-    assert "jb" not in d2 and store.jobs["jb"].queue == "b"  # the stored one is untouched
+    assert store.jobs["jb"].queue == "b"  # the stored one is untouched
+    # It can be cancelled, and stays cancelled after another restart.
+    assert d2.cancel("jb") == []
+    assert d2.job_state("jb") is JobState.CANCELLED
+    d3, _ = dispatcher(QueueConfig(name="a"), store=store)
+    d3.restore()
+    assert d3.job_state("jb") is JobState.CANCELLED and d3.skipped_on_restore == []
