@@ -39,8 +39,10 @@ from gosched.runtime.ray_actors import make_actor_classes
 IDLE_POLL_S = 0.005
 
 
-# Starting a local Ray can time out waiting for its GCS on a loaded small machine ("Timed out
-# waiting for file .../gcs_server_port_..."); a second try after a clean shutdown goes through.
+# Starting a local Ray can time out on a loaded small machine, waiting for its GCS ("Timed out
+# waiting for file .../gcs_server_port_...", a RuntimeError) or for its raylet to register ("The
+# current node timed out during startup", a plain Exception, after a fixed 30 s); a second try
+# after a clean shutdown goes through.
 RAY_START_TRIES = 3
 
 
@@ -52,8 +54,8 @@ def _start_ray(address: str | None) -> None:
             else:
                 ray.init(address=address, logging_level=logging.WARNING)
             return
-        except RuntimeError as exc:
-            if attempt == RAY_START_TRIES or "Timed out" not in str(exc):
+        except Exception as exc:
+            if attempt == RAY_START_TRIES or "timed out" not in str(exc).lower():
                 raise
             logging.getLogger(__name__).warning("Ray did not start (%s); trying again", exc)
             with contextlib.suppress(Exception):
