@@ -161,12 +161,7 @@ class Dispatcher:
                     ids.append(existing)
                     continue
                 batch_subs[sid] = job.id
-            if (
-                job.id in self._jobs
-                or job.id in self._finished
-                or job.id in self._unqueued
-                or job.id in batch_ids
-            ):
+            if job.id in self or job.id in batch_ids:  # active, kept apart, or retained
                 raise SpecError("id", f"job id {job.id!r} already exists")
             batch_ids.add(job.id)
             if not job.submit_time:
@@ -790,7 +785,7 @@ class Dispatcher:
         restored = 0
         skipped_queues: set[str] = set()
         for job, rows in loaded:
-            if job.id in self._jobs or job.id in self._finished:
+            if job.id in self:
                 continue
             states = [PENDING] * job.total_replicas
             for index, state, _node, _gpus in rows:
