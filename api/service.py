@@ -260,7 +260,7 @@ class SchedulerService:
         return [q.name for q in self.queue_configs]
 
     def _snapshot(self, job_id: str, tasks: bool) -> JobSnapshot:
-        snap = self.control.jobs([job_id], placements=tasks)[0]
+        snap = self.control.jobs([job_id], placements=tasks, ended=tasks)[0]
         if snap is None:
             raise NotFound(f"job {job_id!r} not found")
         return snap

@@ -80,12 +80,19 @@ def misfits(binder: Binder, names: Iterable[str]) -> list[str]:
 
 
 def placements_of(binder: Binder, task_ids: Iterable[str]) -> dict[str, tuple[str, Gpus]]:
-    """Where each resident task is: task id -> (node, gpus); tasks not resident are left out."""
+    """Where each task is or last was: task id -> (node, gpus). Resident tasks from the arrays; the
+    rest (ended, or released since the caller looked) from the store, which keeps the node a task
+    ended on; tasks never placed, or back to pending, are left out."""
     out: dict[str, tuple[str, Gpus]] = {}
+    gone: list[str] = []
     for tid in task_ids:
         got = binder.resident(tid)
         if got is not None:
             out[tid] = (got[0], got[1].gpus)
+        else:
+            gone.append(tid)
+    if gone:
+        out.update(binder.store.task_nodes(gone))
     return out
 
 

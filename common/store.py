@@ -7,7 +7,8 @@ writes its rows in batches (executemany); nothing commits row by row.
 Tables:
     meta(key PK, value)            schema_version, version (the binder's change-log version)
     jobs(id PK, submission_id UNIQUE NULL, spec BLOB, submit_time, state)
-    tasks(task_id PK "job/index", job_id, idx, state, node, gpus, attempt, bound_at, updated)
+    tasks(task_id PK "job/index", job_id, idx, state, node, gpus, attempt, bound_at, updated,
+          reason: why it failed, as its agent told it)
     nodes(name PK, spec BLOB, state)
 
 Specs are encoded with gosched.common.codec. A task's GPUs are stored as text "0:1000,3:500".
@@ -19,7 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple, Self
+from typing import Any, NamedTuple, Self
 
 from gosched.common.codec import decode, decode_job, encode, encode_job
 from gosched.common.errors import AlreadyStored
@@ -27,7 +28,9 @@ from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import Node
 from gosched.common.states import HOLDS_RESOURCES, JobState, TaskState
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Steps that bring a store of an older schema up to the next version, by the version they reach.
+_MIGRATIONS = {2: "ALTER TABLE tasks ADD COLUMN reason TEXT NOT NULL DEFAULT ''"}
 
 Gpus = tuple[tuple[int, int], ...]
 # (idx, state, node or None, gpus) of one task, as load_jobs returns them.
@@ -54,7 +57,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     gpus     TEXT NOT NULL DEFAULT '',
     attempt  INTEGER NOT NULL DEFAULT 0,
     bound_at REAL,
-    updated  REAL NOT NULL
+    updated  REAL NOT NULL,
+    reason   TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks (job_id, idx);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -78,6 +82,7 @@ UPDATE tasks SET
     updated  = ?2
 WHERE task_id = ?3
 """
+_SET_REASON = "UPDATE tasks SET reason = ? WHERE task_id = ?"
 _SET_META = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
@@ -97,6 +102,15 @@ class BoundTask(NamedTuple):
     node: str
     gpus: Gpus
     bound_at: float
+
+
+def _task_rows(c: sqlite3.Connection, columns: str, ids: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """`SELECT columns FROM tasks` for many task ids, in chunks below SQLite's parameter limit."""
+    ids = list(ids)
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        yield from c.execute(f"SELECT {columns} FROM tasks WHERE task_id IN ({marks})", chunk)
 
 
 def gpus_to_text(gpus: Gpus) -> str:
@@ -140,10 +154,15 @@ class Store:
             row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 c.execute(_SET_META, ("schema_version", SCHEMA_VERSION))
-            elif int(row[0]) > SCHEMA_VERSION:
+                return
+            found = int(row[0])
+            if found > SCHEMA_VERSION:
                 raise RuntimeError(
-                    f"{self.path}: store schema version {row[0]} is newer than this code's ({SCHEMA_VERSION})"
+                    f"{self.path}: store schema version {found} is newer than this code's ({SCHEMA_VERSION})"
                 )
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                c.execute(_MIGRATIONS[version])
+                c.execute(_SET_META, ("schema_version", version))
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -276,15 +295,15 @@ class Store:
     def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """Each known task's attempt: how many times it went back to pending after holding
         resources (a restart count, as the node agent tells the task)."""
-        out: dict[str, int] = {}
-        ids = list(task_ids)
         with self._lock:
-            for start in range(0, len(ids), _CHUNK):
-                chunk = ids[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                sql = f"SELECT task_id, attempt FROM tasks WHERE task_id IN ({marks})"
-                out.update((str(t), int(a)) for t, a in self._conn.execute(sql, chunk))
-        return out
+            return {str(t): int(a) for t, a in _task_rows(self._conn, "task_id, attempt", task_ids)}
+
+    def task_nodes(self, task_ids: Sequence[str]) -> dict[str, tuple[str, Gpus]]:
+        """Where each known task was last placed: task id -> (node, GPUs). A task that ended keeps
+        its node; one back to pending, or never placed, is left out."""
+        with self._lock:
+            rows = list(_task_rows(self._conn, "task_id, node, gpus", task_ids))
+        return {str(t): (str(node), gpus_from_text(gpus)) for t, node, gpus in rows if node is not None}
 
     # -- tasks ------------------------------------------------------------------------------------
     def commit(
@@ -321,7 +340,7 @@ class Store:
         t: float,
     ) -> None:
         ids = [row[4] for row in bind_rows]
-        present = self._existing_task_ids(c, ids)
+        present = {r[0] for r in _task_rows(c, "task_id", ids)}
         missing_rows = [row for row in bind_rows if row[4] not in present]
         missing_jobs: dict[str, Job] = {}
         for row in missing_rows:
@@ -334,28 +353,35 @@ class Store:
         if cur.rowcount != len(missing_rows):
             raise KeyError("tasks out of range of their job: " + ", ".join(r[4] for r in missing_rows))
 
-    @staticmethod
-    def _existing_task_ids(c: sqlite3.Connection, ids: list[str]) -> set[str]:
-        found: set[str] = set()
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                r[0] for r in c.execute(f"SELECT task_id FROM tasks WHERE task_id IN ({marks})", chunk)
-            )
-        return found
-
-    def set_task_states(self, changes: Sequence[tuple[str, TaskState]], *, now: float | None = None) -> None:
-        """Task state changes (dispatcher side: scheduled, pending, running, cancelled...).
+    def set_task_states(
+        self,
+        changes: Sequence[tuple[str, TaskState]],
+        *,
+        now: float | None = None,
+        reasons: Mapping[str, str] | None = None,
+    ) -> None:
+        """Task state changes (dispatcher side: scheduled, pending, running, cancelled...), and
+        `reasons` by task id: why a failed task failed, in its agent's words.
 
         Moving to pending (requeue) starts a new attempt and clears node and GPUs; other states keep
         the node the task ran on. Transitions are not checked here (see common.states).
         """
-        if not changes:
+        if not changes and not reasons:
             return
         t = time.time() if now is None else now
         with self._tx() as c:
             c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in changes])
+            if reasons:
+                c.executemany(_SET_REASON, [(why, tid) for tid, why in reasons.items()])
+
+    def load_failures(self) -> dict[str, str]:
+        """Per job, its latest task failure with the reason stored for it: "task 3 failed: exit code 1
+        (on node-a)", as the dispatcher's record said it before a restart."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT job_id, idx, reason FROM tasks WHERE reason != '' ORDER BY updated, idx"
+            ).fetchall()
+        return {str(jid): f"task {idx} failed: {reason}" for jid, idx, reason in rows}
 
     def load_bound(self) -> list[BoundTask]:
         """Every task holding resources (bound or running), with its job: for the binder's recovery."""

@@ -498,11 +498,14 @@ class Dispatcher:
         pending (PENDING: node lost; PREEMPTED: evicted) and then queued again. `reasons`: why a
         failed task failed (its agent's words), kept as the job's note for explain."""
         updates: Updates = []
+        told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
         freed = False
         for tid in task_ids:
             job_id, index = split_task_id(tid)
             rec = self._jobs.get(job_id)
             if rec is None:
+                if job_id in self._unqueued:
+                    freed = self._release_unqueued(job_id, index, final_state) or freed
                 continue
             current = rec.states[index]
             if current is final_state:
@@ -523,14 +526,16 @@ class Dispatcher:
                     continue
                 self._apply(rec, [(index, final_state)], updates)
                 if reasons and tid in reasons:
+                    if final_state is TaskState.FAILED:
+                        told[tid] = reasons[tid]
                     rec.failure = f"task {index} {final_state.value}: {reasons[tid]}"
                 if rec.where is Where.INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)
         if freed:
             self.notify_cluster_changed()
-        if self.store is not None and updates:
-            self.store.set_task_states(updates)
+        if self.store is not None and (updates or told):
+            self.store.set_task_states(updates, reasons=told)
 
     def on_started(self, task_ids: Iterable[str]) -> list[str]:
         """Tasks whose process started on their node: bound -> running. Tasks in any other state
@@ -602,6 +607,24 @@ class Dispatcher:
         if holding:
             self.notify_cluster_changed()
         return [task_id(job_id, i) for i in holding]
+
+    def _release_unqueued(self, job_id: str, index: int, final_state: TaskState) -> bool:
+        """A task of a job of a queue no longer configured stopped holding resources: its state is
+        kept (no usage or queue to update: such jobs have neither); a lost or evicted one waits as
+        pending, never scheduled. Once every task has ended, the job is finished. Returns whether
+        the task held resources."""
+        kept = self._unqueued[job_id]
+        states = list(kept.states)
+        if states[index] not in HOLDS_RESOURCES:
+            return False
+        states[index] = PENDING if final_state is PREEMPTED else final_state
+        state = job_state_of(states, kept.job.min_member, False)
+        if all(s in TERMINAL for s in states):
+            del self._unqueued[job_id]
+            self._retain(FinishedJob(kept.job, state, tuple(states), ""))
+        else:
+            self._unqueued[job_id] = FinishedJob(kept.job, state, tuple(states), kept.note)
+        return True
 
     def requeue_in_flight(self, shard_id: int) -> int:
         """Take back every unit in flight at a shard that is gone; they are queued again at once.
@@ -781,6 +804,7 @@ class Dispatcher:
         if self.store is None:
             return 0
         loaded = sorted(self.store.load_jobs(), key=lambda item: item[0].submit_time)
+        failures = self.store.load_failures()  # what explain said of a task failure, before
         updates: Updates = []
         restored = 0
         skipped_queues: set[str] = set()
@@ -800,22 +824,23 @@ class Dispatcher:
                     f"queue {job.queue} is not configured: kept, not scheduled "
                     "(configure it again, or cancel the job)"
                 )
+                history = "\n".join(filter(None, (failures.get(job.id), note)))
                 self._unqueued[job.id] = FinishedJob(
-                    job, job_state_of(states, job.min_member, False), tuple(states), note
+                    job, job_state_of(states, job.min_member, False), tuple(states), history
                 )
                 continue
             if all(s in TERMINAL for s in states):
                 if job.submission_id:
                     self._submissions[job.submission_id] = job.id
                 cancelled = CANCELLED in states
-                self._retain(
-                    FinishedJob(job, job_state_of(states, job.min_member, cancelled), tuple(states), "")
-                )
+                ended = job_state_of(states, job.min_member, cancelled)
+                self._retain(FinishedJob(job, ended, tuple(states), failures.get(job.id, "")))
                 restored += 1
                 continue
             self._seq += 1
             rec = JobRecord(self._group_interner.intern(job), self._seq, self._queue_index[job.queue], states)
             rec.cancelled = CANCELLED in states
+            rec.failure = failures.get(job.id, "")
             self._jobs[job.id] = rec
             if job.submission_id:
                 self._submissions[job.submission_id] = job.id

@@ -4,7 +4,7 @@
 data in dicts (for embedding and tests). The dispatcher also runs with no store at all.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gosched.common.errors import AlreadyStored
@@ -22,11 +22,17 @@ class JobStore(Protocol):
     def find_submission(self, submission_id: str) -> str | None:
         """The id of the job stored under this submission id, if any."""
 
-    def set_task_states(self, updates: Sequence[tuple[str, TaskState]]) -> object:
-        """Persist task states, keyed by task id ("job/index")."""
+    def set_task_states(
+        self, updates: Sequence[tuple[str, TaskState]], *, reasons: Mapping[str, str] | None = None
+    ) -> object:
+        """Persist task states, keyed by task id ("job/index"), and why failed tasks failed
+        (`reasons`, in their agents' words)."""
 
     def load_jobs(self) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
         """Every stored job with its tasks, in submission order."""
+
+    def load_failures(self) -> Mapping[str, str]:
+        """Per job id, its latest task failure: "task 3 failed: <reason>"."""
 
 
 class MemoryStore:
@@ -36,6 +42,7 @@ class MemoryStore:
         self.jobs: dict[str, Job] = {}
         self.states: dict[str, list[TaskState]] = {}
         self.submissions: dict[str, str] = {}
+        self.failures: dict[str, str] = {}
         self.calls: dict[str, int] = {"add_jobs": 0, "set_task_states": 0}
 
     def add_jobs(self, jobs: Sequence[Job]) -> None:
@@ -52,11 +59,19 @@ class MemoryStore:
     def find_submission(self, submission_id: str) -> str | None:
         return self.submissions.get(submission_id)
 
-    def set_task_states(self, updates: Sequence[tuple[str, TaskState]]) -> None:
+    def set_task_states(
+        self, updates: Sequence[tuple[str, TaskState]], *, reasons: Mapping[str, str] | None = None
+    ) -> None:
         self.calls["set_task_states"] += 1
         for tid, state in updates:
             job_id, index = split_task_id(tid)
             self.states[job_id][index] = state
+        for tid, why in (reasons or {}).items():
+            job_id, index = split_task_id(tid)
+            self.failures[job_id] = f"task {index} failed: {why}"
+
+    def load_failures(self) -> dict[str, str]:
+        return dict(self.failures)
 
     def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
         return [

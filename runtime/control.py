@@ -13,7 +13,7 @@ from typing import Protocol
 from gosched.common.job import Job, split_task_id, task_id, tolerates
 from gosched.common.node import Node, NodeState, TaintEffect
 from gosched.common.snapshots import Counters, Gpus, JobSnapshot, NodeSnapshot
-from gosched.common.states import HOLDS_RESOURCES, TaskState
+from gosched.common.states import HOLDS_RESOURCES, TERMINAL, TaskState
 
 
 class ControlUnavailable(RuntimeError):
@@ -41,8 +41,11 @@ class ControlPlane(Protocol):
         """Every job the dispatcher still knows, oldest submission first (after a restart too)."""
         ...
 
-    def jobs(self, job_ids: Sequence[str], *, placements: bool) -> list[JobSnapshot | None]:
-        """Snapshots in the order asked (None: unknown job)."""
+    def jobs(
+        self, job_ids: Sequence[str], *, placements: bool, ended: bool = False
+    ) -> list[JobSnapshot | None]:
+        """Snapshots in the order asked (None: unknown job); with `placements`, where the tasks
+        holding resources are, and with `ended` too, where the ended tasks ran (the store)."""
         ...
 
     def cancel(self, job_id: str) -> None: ...
@@ -108,15 +111,20 @@ class ControlPlane(Protocol):
 
 
 def with_placements(
-    snapshots: list[JobSnapshot | None], where: Callable[[list[str]], dict[str, tuple[str, Gpus]]]
+    snapshots: list[JobSnapshot | None],
+    where: Callable[[list[str]], dict[str, tuple[str, Gpus]]],
+    *,
+    ended: bool = False,
 ) -> list[JobSnapshot | None]:
-    """Fill in where each job's resident tasks are; `where` asks the binder for many tasks at once."""
+    """Fill in where each job's resident tasks are, and with `ended` where its ended tasks ran;
+    `where` asks the binder for many tasks at once."""
+    shown = HOLDS_RESOURCES | TERMINAL if ended else HOLDS_RESOURCES
     tids = [
         task_id(s.job.id, i)
         for s in snapshots
         if s is not None
         for i, st in enumerate(s.task_states)
-        if st in HOLDS_RESOURCES
+        if st in shown
     ]
     if not tids:
         return snapshots

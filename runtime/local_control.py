@@ -32,12 +32,14 @@ class LocalControl:
     def job_ids(self) -> list[str]:
         return self.pipeline.dispatcher.job_ids()
 
-    def jobs(self, job_ids: Sequence[str], *, placements: bool) -> list[JobSnapshot | None]:
+    def jobs(
+        self, job_ids: Sequence[str], *, placements: bool, ended: bool = False
+    ) -> list[JobSnapshot | None]:
         snaps = self.pipeline.dispatcher.snapshots(job_ids)
         if not placements:
             return snaps
         binder = self.pipeline.binder
-        return with_placements(snaps, lambda tids: queries.placements_of(binder, tids))
+        return with_placements(snaps, lambda tids: queries.placements_of(binder, tids), ended=ended)
 
     def cancel(self, job_id: str) -> None:
         self.pipeline.cancel(job_id)

@@ -132,12 +132,14 @@ class RayControl:
         return ids
 
     @_answered()
-    def jobs(self, job_ids: Sequence[str], *, placements: bool) -> list[JobSnapshot | None]:
+    def jobs(
+        self, job_ids: Sequence[str], *, placements: bool, ended: bool = False
+    ) -> list[JobSnapshot | None]:
         snaps: list[JobSnapshot | None] = ray.get(self.rs.dispatcher.snapshots.remote(list(job_ids)))
         if not placements:
             return snaps
         binder = self.rs.binder
-        return with_placements(snaps, lambda tids: ray.get(binder.placements.remote(tids)))
+        return with_placements(snaps, lambda tids: ray.get(binder.placements.remote(tids)), ended=ended)
 
     @_answered()
     def cancel(self, job_id: str) -> None:

@@ -153,6 +153,7 @@ def test_explain_says_why_and_where_a_task_failed(master: ServerHandle) -> None:
                 agent.report(launch.task_id, pb.TASK_STATE_FAILED, exit_code=code, message=message)
                 wait_for("the failure", lambda j=job_id: client.get(j).state is JobState.FAILED)
                 assert want in client.explain(job_id)
+                assert client.get(job_id).tasks[0].node == "f1"  # where it ran, after it ended
     finally:
         agent.close()
 

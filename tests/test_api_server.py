@@ -209,8 +209,11 @@ def test_cancel(client: Client) -> None:
         client.cancel(job_id)
     bound = client.submit(gang(replicas=1, gpus=1))
     client.wait(bound, states={JobState.RUNNING}, timeout=10)
+    ran_on = client.get(bound).tasks[0].node
     assert client.cancel(bound).state is JobState.CANCELLED
-    assert client.get(bound).tasks[0].node == ""  # its GPU was given back
+    assert client.get(bound).tasks[0].node == ran_on  # where it ran stays on the record
+    node = client.node(ran_on)
+    assert f"{bound}/0" not in node.task_ids and sum(node.gpu_used_milli) == 0  # its GPU was given back
 
 
 def test_watch_yields_state_changes(client: Client) -> None:

@@ -758,6 +758,34 @@ def test_restore_from_sqlite_store(tmp_path):
     _check_restored(store_mod.Store(str(tmp_path / "gosched.db")))
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_failure_reason_outlives_a_restart(kind: str, tmp_path) -> None:
+    from gosched.common.store import Store
+
+    def open_store():
+        return MemoryStore() if kind == "memory" else Store(str(tmp_path / "gosched.db"))
+
+    store = open_store()
+    d, _ = dispatcher(store=store)
+    d.submit_many([make_job("f").cpu("1").build(), make_job("g").cpu("1").replicas(2).min_member(1).build()])
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_released(
+        ["f/0", "g/0"], TaskState.FAILED, {"f/0": "exit code 3 (on n1)", "g/0": "OOMKilled (on n2)"}
+    )
+    ends = [("f/0", TaskState.FAILED), ("g/0", TaskState.FAILED), ("g/1", B)]  # the binder's rows
+    if kind == "sqlite":
+        store.commit(1, [], ends)
+        store.close()
+        store = open_store()
+    else:
+        store.set_task_states(ends)
+    d2, _ = dispatcher(store=store)
+    assert d2.restore() == 2
+    assert d2.job_state("f") is JobState.FAILED
+    assert "task 0 failed: exit code 3 (on n1)" in d2.explain("f")  # a finished job's record
+    assert "task 0 failed: OOMKilled (on n2)" in d2.explain("g")  # a job still running
+
+
 def test_restore_without_store_is_a_no_op():
     d = Dispatcher(settings())
     assert d.restore() == 0
@@ -820,3 +848,22 @@ def test_restore_skips_jobs_of_queues_no_longer_configured(caplog: pytest.LogCap
     d3, _ = dispatcher(QueueConfig(name="a"), store=store)
     d3.restore()
     assert d3.job_state("jb") is JobState.CANCELLED and d3.skipped_on_restore == []
+
+
+def test_tasks_of_a_job_of_a_removed_queue_end_as_they_are_told() -> None:
+    store = MemoryStore()
+    d, _ = dispatcher(QueueConfig(name="a"), QueueConfig(name="b"), store=store)
+    d.submit_many([make_job("two").queue("b").replicas(2).build(), make_job("one").queue("b").build()])
+    store.set_task_states([("two/0", B), ("two/1", B), ("one/0", B)])  # as the binder stored them
+    d2, _ = dispatcher(QueueConfig(name="a"), store=store)
+    d2.restore()
+    assert d2.skipped_on_restore == ["two", "one"]
+    d2.on_released(["two/0"], TaskState.SUCCEEDED)
+    d2.on_released(["two/1"], TaskState.PREEMPTED)  # evicted: it waits, never scheduled
+    assert d2.task_states("two") == [TaskState.SUCCEEDED, P]
+    assert "queue b is not configured" in d2.explain("two")
+    d2.on_released(["one/0"], TaskState.FAILED)
+    assert d2.job_state("one") is JobState.FAILED  # every task ended: finished
+    assert "not configured" not in d2.explain("one")
+    assert d2.cancel("two") == []  # nothing holds resources any more
+    assert d2.task_states("two") == [TaskState.SUCCEEDED, C]

@@ -170,6 +170,45 @@ def test_set_task_states_and_job_state(db: Path) -> None:
         assert s.get_job_state("j") == JobState.RUNNING
 
 
+def test_task_nodes_keep_where_an_ended_task_ran(db: Path) -> None:
+    with Store(db) as s:
+        s.add_jobs([make_job("j").cpu("1").replicas(4).build()])
+        s.commit(1, [("j/0", "n1", ((2, 1000),)), ("j/1", "n2", ()), ("j/2", "n3", ())], [])
+        s.set_task_states(
+            [("j/0", TaskState.SUCCEEDED), ("j/1", TaskState.FAILED), ("j/2", TaskState.PENDING)]
+        )
+        # ended tasks keep their node and GPUs; a requeued one and one never placed have none
+        assert s.task_nodes(["j/0", "j/1", "j/2", "j/3", "nope/0"]) == {
+            "j/0": ("n1", ((2, 1000),)),
+            "j/1": ("n2", ()),
+        }
+        many = [f"j/{i % 4}" for i in range(1200)]  # past one IN (...) chunk
+        assert set(s.task_nodes(many)) == {"j/0", "j/1"}
+
+
+def test_a_store_of_the_first_schema_is_brought_up_to_date(db: Path) -> None:
+    raw = sqlite3.connect(db)
+    raw.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID;
+        CREATE TABLE tasks (task_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, idx INTEGER NOT NULL,
+            state TEXT NOT NULL, node TEXT, gpus TEXT NOT NULL DEFAULT '', attempt INTEGER NOT NULL DEFAULT 0,
+            bound_at REAL, updated REAL NOT NULL) WITHOUT ROWID;
+        INSERT INTO meta VALUES ('schema_version', 1);
+        INSERT INTO tasks (task_id, job_id, idx, state, node, updated)
+            VALUES ('old/0', 'old', 0, 'failed', 'n1', 1);
+        """
+    )
+    raw.close()
+    with Store(db) as s:
+        assert s.schema_version == SCHEMA_VERSION == 2
+        assert s.load_failures() == {}  # the old row is kept, with no reason
+        assert s.task_nodes(["old/0"]) == {"old/0": ("n1", ())}
+        s.add_jobs([make_job("j").cpu("1").replicas(2).build()])
+        s.set_task_states([("j/1", TaskState.FAILED)], reasons={"j/1": "exit code 3 (on n1)"})
+        assert s.load_failures() == {"j": "task 1 failed: exit code 3 (on n1)"}
+
+
 def test_nodes_round_trip(db: Path) -> None:
     n1 = (
         make_node("n1")
