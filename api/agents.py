@@ -42,7 +42,7 @@ from gosched.api.logs import LogStore
 from gosched.api.service import SchedulerService
 from gosched.common.errors import SpecError
 from gosched.common.job import JobKind, split_task_id
-from gosched.common.node import AGENT_LABEL, AGENT_MAX_BACKOFF_S, Node, NodeState
+from gosched.common.node import AGENT_LABEL, AGENT_MAX_BACKOFF_S, OPERATOR_STATES, Node, NodeState
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import TaskState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
@@ -52,7 +52,6 @@ from gosched.runtime.control import ControlPlane
 log = logging.getLogger(__name__)
 
 LOST_PREFIX = "lost:"
-OPERATOR_STATES = frozenset({NodeState.CORDONED, NodeState.DRAINING})
 KILL_GRACE_S = 10.0
 KILL_ANSWER_S = 5.0  # beyond the grace period, how long a kill waits for the agent's answer
 TICK_S = 0.05

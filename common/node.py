@@ -1,7 +1,8 @@
 """Node model: machines, their GPUs, labels, taints and readiness."""
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 from gosched.common.fast_pickle import fast_pickle
 
@@ -28,6 +29,10 @@ class NodeState(enum.StrEnum):
     NOT_READY = "not_ready"
     CORDONED = "cordoned"
     DRAINING = "draining"
+
+
+# The states an operator sets: they outlive the node's agent and a restart of the master.
+OPERATOR_STATES = frozenset({NodeState.CORDONED, NodeState.DRAINING})
 
 
 @fast_pickle
@@ -118,3 +123,10 @@ class NodeUsage:
     cpu_used: int = 0
     memory_used: int = 0
     gpu_used_milli: list[int] = field(default_factory=list)
+
+
+def keep_operator_states(nodes: Sequence[Node], known: Iterable[Node]) -> list[Node]:
+    """`nodes` given again (a master restarted over its store with the same static nodes), each
+    keeping the cordon or drain that the known node of its name has."""
+    held = {n.name: n.state for n in known if n.state in OPERATOR_STATES}
+    return [replace(n, state=held[n.name]) if n.name in held else n for n in nodes]

@@ -14,7 +14,7 @@ from pathlib import Path
 from gosched.binder.binder import Binder
 from gosched.common.config import Settings
 from gosched.common.job import Job
-from gosched.common.node import Node, NodeState
+from gosched.common.node import Node, NodeState, keep_operator_states
 from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
@@ -60,7 +60,7 @@ class Pipeline:
             self._nodes_changed(known, [])
         self.dispatcher.restore()
         if nodes:
-            self.add_nodes(nodes)
+            self.add_nodes(keep_operator_states(nodes, known))
         self.sync_shards()
         tune_gc()
 

@@ -32,7 +32,7 @@ from ray.exceptions import RayActorError
 
 from gosched.common.config import Settings
 from gosched.common.job import Job
-from gosched.common.node import Node
+from gosched.common.node import Node, keep_operator_states
 from gosched.runtime.ray_actors import make_actor_classes
 
 # Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
@@ -89,7 +89,8 @@ class RayScheduler:
             "control_recoveries": 0,
         }
         if nodes:
-            ray.get(self.binder.add_nodes.remote(list(nodes)))
+            known, _ = ray.get(self.binder.cluster.remote())  # a restart: from the store
+            ray.get(self.binder.add_nodes.remote(keep_operator_states(nodes, known)))
         self._wire(reset_shards=True)
 
     # -- wiring ------------------------------------------------------------------------------------

@@ -79,3 +79,27 @@ def test_a_changed_node_gives_up_what_it_can_no_longer_hold(tmp_path: Path, name
             assert snap.task_states[0].value == expected, snap.job.id
     finally:
         control.close()
+
+
+def test_static_nodes_given_again_at_a_restart_keep_an_operators_cordon_or_drain(tmp_path: Path) -> None:
+    from gosched.common.node import NodeState
+    from gosched.runtime.pipeline import Pipeline
+
+    nodes = [make_node(n).cpu("4").mem("8Gi").build() for n in ("a", "b", "c", "d")]
+    settings = Settings(store_path=str(tmp_path / "gs.db"))
+    first = Pipeline(settings, nodes=nodes)
+    first.binder.set_node_state("a", NodeState.CORDONED)
+    first.binder.set_node_state("b", NodeState.DRAINING)
+    first.binder.set_node_state("c", NodeState.NOT_READY)  # not the operator's: the node is given ready
+    first.close()
+    again = Pipeline(settings, nodes=nodes)
+    try:
+        states = {n.name: n.state for n in again.binder.snapshot_nodes()}
+        assert states == {
+            "a": NodeState.CORDONED,
+            "b": NodeState.DRAINING,
+            "c": NodeState.READY,
+            "d": NodeState.READY,
+        }
+    finally:
+        again.close()
