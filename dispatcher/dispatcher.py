@@ -505,7 +505,10 @@ class Dispatcher:
             rec = self._jobs.get(job_id)
             if rec is None:
                 if job_id in self._unqueued:
-                    freed = self._release_unqueued(job_id, index, final_state) or freed
+                    why = (reasons or {}).get(tid, "") if final_state is TaskState.FAILED else ""
+                    if why:
+                        told[tid] = why
+                    freed = self._release_unqueued(job_id, index, final_state, why) or freed
                 continue
             current = rec.states[index]
             if current is final_state:
@@ -608,22 +611,26 @@ class Dispatcher:
             self.notify_cluster_changed()
         return [task_id(job_id, i) for i in holding]
 
-    def _release_unqueued(self, job_id: str, index: int, final_state: TaskState) -> bool:
+    def _release_unqueued(self, job_id: str, index: int, final_state: TaskState, why: str) -> bool:
         """A task of a job of a queue no longer configured stopped holding resources: its state is
         kept (no usage or queue to update: such jobs have neither); a lost or evicted one waits as
-        pending, never scheduled. Once every task has ended, the job is finished. Returns whether
-        the task held resources."""
+        pending, never scheduled. Once every task has ended, the job is finished. `why`: the
+        reason a failed task failed. Returns whether the task held resources."""
         kept = self._unqueued[job_id]
         states = list(kept.states)
         if states[index] not in HOLDS_RESOURCES:
             return False
         states[index] = PENDING if final_state is PREEMPTED else final_state
         state = job_state_of(states, kept.job.min_member, False)
+        failure = f"task {index} failed: {why}" if why else ""
         if all(s in TERMINAL for s in states):
             del self._unqueued[job_id]
-            self._retain(FinishedJob(kept.job, state, tuple(states), ""))
+            self._retain(FinishedJob(kept.job, state, tuple(states), failure))
         else:
-            self._unqueued[job_id] = FinishedJob(kept.job, state, tuple(states), kept.note)
+            # The note: the latest failure, if any, then the line that says the queue is gone.
+            *earlier, queue_line = kept.note.split("\n")
+            history = "\n".join(filter(None, (failure or "".join(earlier), queue_line)))
+            self._unqueued[job_id] = FinishedJob(kept.job, state, tuple(states), history)
         return True
 
     def requeue_in_flight(self, shard_id: int) -> int:

@@ -858,12 +858,18 @@ def test_tasks_of_a_job_of_a_removed_queue_end_as_they_are_told() -> None:
     d2, _ = dispatcher(QueueConfig(name="a"), store=store)
     d2.restore()
     assert d2.skipped_on_restore == ["two", "one"]
-    d2.on_released(["two/0"], TaskState.SUCCEEDED)
+    d2.on_released(["two/0"], TaskState.FAILED, {"two/0": "exit code 2 (on n1)"})
     d2.on_released(["two/1"], TaskState.PREEMPTED)  # evicted: it waits, never scheduled
-    assert d2.task_states("two") == [TaskState.SUCCEEDED, P]
-    assert "queue b is not configured" in d2.explain("two")
-    d2.on_released(["one/0"], TaskState.FAILED)
+    assert d2.task_states("two") == [TaskState.FAILED, P]
+    said = d2.explain("two")
+    assert "queue b is not configured" in said and "task 0 failed: exit code 2 (on n1)" in said
+    d2.on_released(["one/0"], TaskState.FAILED, {"one/0": "OOMKilled (on n2)"})
     assert d2.job_state("one") is JobState.FAILED  # every task ended: finished
-    assert "not configured" not in d2.explain("one")
+    said = d2.explain("one")
+    assert "not configured" not in said and "task 0 failed: OOMKilled (on n2)" in said
+    assert store.load_failures() == {
+        "two": "task 0 failed: exit code 2 (on n1)",
+        "one": "task 0 failed: OOMKilled (on n2)",
+    }
     assert d2.cancel("two") == []  # nothing holds resources any more
-    assert d2.task_states("two") == [TaskState.SUCCEEDED, C]
+    assert d2.task_states("two") == [TaskState.FAILED, C]
