@@ -604,7 +604,10 @@ class Dispatcher:
             if s not in TERMINAL:
                 states[i] = CANCELLED
                 updates.append((task_id(job_id, i), CANCELLED))
-        self._retain(FinishedJob(kept.job, JobState.CANCELLED, tuple(states), "cancelled"))
+        *failure, _queue_line = kept.note.split("\n")  # a failure told before stays on the record
+        self._retain(
+            FinishedJob(kept.job, JobState.CANCELLED, tuple(states), "\n".join([*failure, "cancelled"]))
+        )
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         if holding:

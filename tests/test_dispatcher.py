@@ -873,3 +873,4 @@ def test_tasks_of_a_job_of_a_removed_queue_end_as_they_are_told() -> None:
     }
     assert d2.cancel("two") == []  # nothing holds resources any more
     assert d2.task_states("two") == [TaskState.FAILED, C]
+    assert "task 0 failed: exit code 2 (on n1)" in d2.explain("two")
