@@ -1,4 +1,11 @@
-"""Error types shared by components."""
+"""Error types shared by components.
+
+Each pickles with its own fields (`__reduce__`): raised inside a Ray actor, it travels back to the
+caller as itself. Pickle's default rebuilds an exception from `args` (the one message), which
+these constructors do not take, and Ray then hands the caller an unreadable dump instead.
+"""
+
+from typing import Any
 
 
 class SpecError(ValueError):
@@ -9,6 +16,9 @@ class SpecError(ValueError):
         self.field = field
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (self.field, self.reason)
+
 
 class AlreadyStored(ValueError):
     """A job id (or submission id) given to a store is there already; `field` says which."""
@@ -17,6 +27,9 @@ class AlreadyStored(ValueError):
         super().__init__(reason)
         self.field = field
         self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (self.field, self.reason)
 
 
 class QuantityError(ValueError):
@@ -34,3 +47,6 @@ class AdmissionRejected(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (self.reason, self.retry_after_s)

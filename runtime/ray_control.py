@@ -19,6 +19,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from gosched.common.config import Settings
+from gosched.common.errors import AdmissionRejected, AlreadyStored, SpecError
 from gosched.common.job import Job
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
@@ -41,12 +42,19 @@ def _answered(note: str = "") -> Callable[[Callable[P, R]], Callable[P, R]]:
                 return method(*args, **kwargs)
             except RayActorError as exc:  # ActorUnavailableError included
                 raise ControlUnavailable(f"the scheduler is restarting a component{note}: {exc}") from exc
+            except ray.exceptions.RayTaskError as exc:
+                # A refusal raised in an actor (a duplicate id...) reaches the API as itself, to be
+                # told as the client's error, not as Ray's wrapper with the actor's traceback.
+                if isinstance(exc.cause, TOLD_AS_IS):
+                    raise exc.cause from None
+                raise
 
         return call
 
     return wrap
 
 
+TOLD_AS_IS = (SpecError, AlreadyStored, AdmissionRejected)
 SUBMIT_NOTE = (
     " (the submission may or may not have been accepted: retry it with the same submission id,"
     " or look the job id up first)"

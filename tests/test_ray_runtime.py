@@ -177,3 +177,18 @@ def test_a_node_back_with_fewer_gpus_gives_up_their_tasks_through_the_actors(tmp
         assert states == {"g0": "bound", "g1": "bound", "g2": "pending", "g3": "pending"}
     finally:
         control.close()
+
+
+def test_a_duplicate_job_id_is_refused_through_the_actors_naming_the_field(tmp_path: Path) -> None:
+    from gosched.common.errors import SpecError
+    from gosched.runtime.ray_control import RayControl
+
+    control = RayControl(Settings(store_path=str(tmp_path / "gosched.db"), shards=1), sim_nodes(2))
+    try:
+        assert control.submit_many([make_job("dup").cpu("1").build()]) == ["dup"]
+        with pytest.raises(SpecError, match="already exists") as err:
+            control.submit_many([make_job("dup").cpu("1").build()])
+        assert type(err.value) is SpecError and err.value.field == "id"  # itself, not Ray's wrapper
+        assert control.job_ids() == ["dup"]
+    finally:
+        control.close()
