@@ -147,8 +147,10 @@ def job_state_of(
         if all(s is TaskState.SUCCEEDED for s in states):
             return JobState.SUCCEEDED
         return JobState.CANCELLED
+    # Running: some tasks hold resources, and with the tasks that ran and ended (succeeded or
+    # failed) they make the gang. A failed member leaves the rest running, not waiting for it.
     held = sum(1 for s in states if s in HOLDS_RESOURCES)
-    done = sum(1 for s in states if s is TaskState.SUCCEEDED)
-    if held and held + done >= min_member:
+    ended = sum(1 for s in states if s is TaskState.SUCCEEDED or s is TaskState.FAILED)
+    if held and held + ended >= min_member:
         return JobState.RUNNING
     return JobState.PENDING

@@ -874,3 +874,26 @@ def test_tasks_of_a_job_of_a_removed_queue_end_as_they_are_told() -> None:
     assert d2.cancel("two") == []  # nothing holds resources any more
     assert d2.task_states("two") == [TaskState.FAILED, C]
     assert "task 0 failed: exit code 2 (on n1)" in d2.explain("two")
+
+
+R, OK, F = TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED
+
+
+@pytest.mark.parametrize(
+    ("states", "min_member", "want"),
+    [
+        ([R, R, R], 3, JobState.RUNNING),
+        ([R, F, R], 3, JobState.RUNNING),  # a failed member: the others still run
+        ([R, OK, R], 3, JobState.RUNNING),
+        ([R, P, R], 3, JobState.PENDING),  # a member waits to be placed again
+        ([B, P, P], 1, JobState.RUNNING),
+        ([F, P, P], 1, JobState.PENDING),  # nothing holds resources
+        ([F, OK, OK], 3, JobState.FAILED),
+        ([OK, OK], 2, JobState.SUCCEEDED),
+        ([C, OK], 1, JobState.CANCELLED),
+    ],
+)
+def test_job_state_of_a_gang(states: list[TaskState], min_member: int, want: JobState) -> None:
+    from gosched.dispatcher.records import job_state_of
+
+    assert job_state_of(states, min_member, False) is want
