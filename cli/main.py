@@ -1,9 +1,10 @@
 """The `gosched` command line."""
 
 import json
+import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 # gRPC's C core logs an INFO line each time Ray forks a worker while gRPC threads run; a person at
 # a terminal needs errors only (set GRPC_VERBOSITY to see more).
@@ -74,33 +75,39 @@ def bench(
     from gosched.bench.runner import run_in_process, run_ray
     from gosched.bench.workloads import WORKLOADS
 
-    if messages:
-        _bench_messages(Path(out))
-        return
-    if ingest:
-        _bench_ingest(pods, replicas, submit_batch, "local" if in_process else "ray", nodes, Path(out))
-        return
+    # Every flag is checked before any mode starts Ray or a run: a bad value must not cost a run
+    # (or hang one: NaN and infinity compare false with everything, so they are refused by name).
     try:
-        counts = [int(s) for s in shards.split(",") if s.strip()]
+        _check_at_least("--nodes", nodes, 1)
+        _check_at_least("--pods", pods, 0 if memory else 1)  # --memory 0: the idle control plane
+        _check_at_least("--replicas", replicas, 1)
+        _check_at_least("--submit-batch", submit_batch, 1)
+        counts = _parse_shards(shards)
         fixed_rate = _parse_rate(rate, in_process)
         chosen_profiles = profiles(profile)
         names = (
             list(WORKLOADS) if workload == "all" else [w.strip() for w in workload.split(",") if w.strip()]
         )
         unknown = [n for n in names if n not in WORKLOADS]
-        if unknown or not counts or min(counts) < 1:
-            raise ValueError(
-                f"unknown workload {', '.join(unknown)} (known: {', '.join(WORKLOADS)})"
-                if unknown
-                else "--shards needs positive counts, e.g. 1,2,4"
+        if unknown or not names:
+            raise _FlagError(
+                "--workload",
+                (f"unknown workload {', '.join(unknown)}" if unknown else f"no workload in {workload!r}")
+                + f" (known: {', '.join(WORKLOADS)}, or all)",
             )
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        _refuse(exc)
     # Each run builds its Settings from these flags: a bad one is reported here, before any runs.
     master_cmds.flag_settings(shards=max(counts), batch_size=batch_size)
+    out_dir = _out_folder(out)
+    if messages:
+        _bench_messages(out_dir)
+        return
+    if ingest:
+        _bench_ingest(pods, replicas, submit_batch, "local" if in_process else "ray", nodes, out_dir)
+        return
     if memory:
-        _bench_memory(nodes, pods, counts[0], Path(out))
+        _bench_memory(nodes, pods, counts[0], out_dir)
         return
     run = run_in_process if in_process else run_ray
     results = []
@@ -116,23 +123,76 @@ def bench(
                 results.append(paced)
                 _echo_run(paced)
     typer.echo(table(results))
-    for path in write(results, Path(out), " ".join(sys.argv)):
+    for path in write(results, out_dir, " ".join(sys.argv)):
         typer.echo(f"wrote {path}")
+
+
+class _FlagError(ValueError):
+    """A bad flag value, reported as `error: <flag>: <reason>` with exit 2 before anything runs."""
+
+    def __init__(self, flag: str, reason: str) -> None:
+        super().__init__(f"{flag}: {reason}")
+
+
+def _refuse(exc: ValueError) -> NoReturn:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2) from exc
+
+
+def _check_at_least(flag: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise _FlagError(flag, f"must be >= {minimum}, got {value}")
+
+
+def _check_positive(flag: str, value: float) -> None:
+    # `value <= 0` alone lets NaN through (every comparison with it is false), and infinity after it.
+    if not (math.isfinite(value) and value > 0):
+        raise _FlagError(flag, f"must be a finite number > 0, got {value}")
+
+
+def _parse_shards(text: str) -> list[int]:
+    """--shards: whole numbers >= 1, comma separated; an empty entry (`1,,2`) is a typo, not a skip."""
+    counts = []
+    for entry in text.split(","):
+        try:
+            count = int(entry.strip())
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise _FlagError(
+                "--shards", f"each entry must be a whole number >= 1 (e.g. 1,2,4), not {entry!r}"
+            )
+        counts.append(count)
+    return counts
 
 
 def _parse_rate(rate: str | None, in_process: bool) -> float | None:
     """--rate: None, 'half' (None here: decided per run) or a positive number of tasks/s."""
     if rate is None or rate == "half":
         if rate is not None and in_process:
-            raise ValueError("--rate needs the Ray runtime (leave out --in-process)")
+            raise _FlagError("--rate", "needs the Ray runtime (leave out --in-process)")
         return None
     try:
         value = float(rate)
     except ValueError:
-        raise ValueError(f"--rate must be a number of tasks/s or 'half', not {rate!r}") from None
-    if value <= 0 or in_process:
-        raise ValueError("--rate must be > 0" if value <= 0 else "--rate needs the Ray runtime")
+        raise _FlagError("--rate", f"must be a number of tasks/s or 'half', not {rate!r}") from None
+    _check_positive("--rate", value)
+    if in_process:
+        raise _FlagError("--rate", "needs the Ray runtime (leave out --in-process)")
     return value
+
+
+def _out_folder(out: str) -> Path:
+    """--out, created now: a folder that cannot be made (a file in the way, no permission) is a usage
+    error before the runs, not a traceback after them."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _refuse(_FlagError("--out", f"cannot create folder {out}: {exc.strerror or exc}"))
+    if not os.access(path, os.W_OK | os.X_OK):
+        _refuse(_FlagError("--out", f"cannot write in folder {out}: permission denied"))
+    return path
 
 
 def _echo_run(result: "RunResult") -> None:
@@ -171,9 +231,6 @@ def _bench_ingest(tasks: int, replicas: int, batch: int, runtime: str, nodes: in
     from gosched.bench.ingest import run_ingest
     from gosched.bench.report import write_result
 
-    if replicas < 1 or batch < 1 or tasks < 1:
-        typer.echo("error: --pods, --replicas and --submit-batch must be >= 1", err=True)
-        raise typer.Exit(2)
     result = run_ingest(
         tasks, replicas=replicas, batch=batch, runtime="local" if runtime == "local" else "ray", nodes=nodes
     )
@@ -208,22 +265,35 @@ def replay(
     from gosched.bench.trace import load_nodes, load_tasks
     from gosched.bench.trace import trace_dir as find_trace
 
+    # The flags first, so that a bad one is named even where the trace is missing.
+    try:
+        _check_at_least("--seeds", seeds, 1)
+        chosen = (
+            list(POLICIES) if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
+        )
+        unknown = [p for p in chosen if p not in POLICIES]
+        if unknown or not chosen:
+            raise _FlagError(
+                "--policies",
+                (f"unknown policy {', '.join(unknown)}" if unknown else f"no policy in {policies!r}")
+                + f" (known: {', '.join(POLICIES)}, or all)",
+            )
+        if runtime not in ("ray", "local"):
+            raise _FlagError("--runtime", f"must be ray or local, not {runtime!r}")
+        _check_positive("--compress", compress)
+        if limit_s is not None:
+            _check_positive("--limit-s", limit_s)
+    except ValueError as exc:
+        _refuse(exc)
     folder = find_trace(trace_dir)
     node_csv, task_csv = folder / "openb_node_list_gpu_node.csv", folder / "openb_pod_list_default.csv"
     if not node_csv.exists() or not task_csv.exists():
         typer.echo(f"trace not found in {folder} (set --trace-dir or GOSCHED_TRACE_DIR)", err=True)
         raise typer.Exit(2)
-    chosen = list(POLICIES) if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in chosen if p not in POLICIES]
-    if unknown:
-        typer.echo(f"unknown policy {', '.join(unknown)} (known: {', '.join(POLICIES)})", err=True)
-        raise typer.Exit(2)
+    out_dir = _out_folder(out)
     if timed:
         from gosched.bench.timed_replay import load_timed_tasks, run_timed_replay, summary, write_timed
 
-        if runtime not in ("ray", "local") or compress <= 0:
-            typer.echo("error: --runtime must be ray or local, and --compress > 0", err=True)
-            raise typer.Exit(2)
         with typer.progressbar(length=100, label="replaying in time") as bar:
             done = [0]
 
@@ -242,7 +312,7 @@ def replay(
                 progress=advance,
             )
         typer.echo(summary(result))
-        for path in write_timed(result, Path(out)):
+        for path in write_timed(result, out_dir):
             typer.echo(f"wrote {path}")
         return
     nodes, tasks = load_nodes(node_csv), load_tasks(task_csv)
@@ -256,7 +326,7 @@ def replay(
         "gpus": sum(len(n.gpus) for n in nodes),
         "seeds": seeds,
     }
-    for path in write_results(results, Path(out), meta):
+    for path in write_results(results, out_dir, meta):
         typer.echo(f"wrote {path}")
 
 
@@ -269,6 +339,11 @@ def demo(
     """Run the scheduler in one process on simulated nodes and show it working."""
     from gosched.runtime.demo import run_demo
 
+    try:
+        _check_at_least("--nodes", nodes, 0)  # 0: the local node alone
+        _check_at_least("--jobs", jobs, 0)
+    except ValueError as exc:
+        _refuse(exc)
     master_cmds.flag_settings(shards=shards)  # run_demo builds its Settings from this flag
     run_demo(nodes=nodes, jobs=jobs, shards=shards, echo=typer.echo)
 
