@@ -38,9 +38,9 @@ NodeArg = Annotated[str, typer.Argument(help="The node's name.", show_default=Fa
 
 
 @contextlib.contextmanager
-def _client(master: str) -> Iterator[Client]:
+def _client(master: str, *, submitting: bool = False) -> Iterator[Client]:
     """A Client for the command body; its errors become a message and an exit code."""
-    with reported(master), Client(master, timeout=CALL_TIMEOUT_S) as client:
+    with reported(master, submitting=submitting), Client(master, timeout=CALL_TIMEOUT_S) as client:
         yield client
 
 
@@ -109,7 +109,7 @@ def submit(
         min_member=min_member,
         submission_id=submission_id,
     )
-    with _client(master) as client:
+    with _client(master, submitting=True) as client:
         spec = build_spec(file, flags, sys.stdin)
         try:
             job_id = client.submit(spec)

@@ -68,9 +68,9 @@ def exit_code(exc: BaseException) -> ExitCode:
     return ExitCode.FAILED
 
 
-def error_message(exc: BaseException, master: str) -> str:
+def error_message(exc: BaseException, master: str, *, submitting: bool = False) -> str:
     """What the user reads on stderr: the server's own words, plus where they came from when the
-    master could not be reached."""
+    master could not be reached. `submitting`: the command submits jobs (a retry can submit twice)."""
     if isinstance(exc, CliError):
         return exc.message
     if isinstance(exc, SpecError):
@@ -84,11 +84,10 @@ def error_message(exc: BaseException, master: str) -> str:
         )
     if isinstance(exc, DeadlineExceeded):
         # The request reached the master and may yet be applied: a blind retry can submit twice.
-        return (
-            f"the master at {master} did not answer in time: {exc.message}\n"
-            "  the request may still take effect: check (gosched jobs) before retrying, or submit "
-            "with --submission-id, which makes a retry return the first job"
-        )
+        hint = "  the request may still take effect: check (gosched jobs) before retrying"
+        if submitting:
+            hint += ", or submit with --submission-id, which makes a retry return the first job"
+        return f"the master at {master} did not answer in time: {exc.message}\n{hint}"
     if isinstance(exc, MessageTooLarge):
         return f"the request or its answer is too large for one gRPC message: {exc.message}"
     if isinstance(exc, ResourceExhausted):
@@ -99,12 +98,12 @@ def error_message(exc: BaseException, master: str) -> str:
 
 
 @contextlib.contextmanager
-def reported(master: str) -> Iterator[None]:
+def reported(master: str, *, submitting: bool = False) -> Iterator[None]:
     """Run a command body; an error becomes `error: ...` on stderr and its exit code."""
     try:
         yield
     except (GoschedError, CliError, SpecError) as exc:
-        typer.echo(f"error: {error_message(exc, master)}", err=True)
+        typer.echo(f"error: {error_message(exc, master, submitting=submitting)}", err=True)
         raise typer.Exit(exit_code(exc)) from None
     except KeyboardInterrupt:
         typer.echo("", err=True)

@@ -122,6 +122,7 @@ MAX_NAME_LEN = 63  # tenant, queue, role: like a DNS label
 MAX_NODE_NAME_LEN = 253
 MAX_PRIORITY = 1_000_000
 MAX_REPLICAS = 100_000
+MAX_TASKS_PER_JOB = 100_000  # over all groups: one job's submit, cancel or end is one call
 MAX_CPU_MILLI = 100_000 * 1000  # 100000 cores
 MAX_MEMORY = 2**50  # 1 PiB
 MAX_GPU_MEMORY = 2**40  # 1 TiB per GPU
@@ -769,6 +770,8 @@ def job_from_spec(
     if known_queues is not None and queue not in known_queues:
         _fail("queue", f"unknown queue {queue!r} (known: {', '.join(sorted(known_queues))})")
     total = sum(g.replicas for g in groups)
+    if total > MAX_TASKS_PER_JOB:
+        _fail("groups", f"{total} tasks in all; a job holds at most {MAX_TASKS_PER_JOB} (split it into jobs)")
     min_member = _int(root.get("min_member", 1), "min_member", lo=1)
     if min_member > total:
         _fail("min_member", f"min_member {min_member} > total replicas {total}")

@@ -94,11 +94,11 @@ def small_tuples(elements: st.SearchStrategy) -> st.SearchStrategy[tuple]:
 
 # -- jobs ---------------------------------------------------------------------------------------
 @st.composite
-def task_groups(draw: st.DrawFn, role: str) -> TaskGroup:
+def task_groups(draw: st.DrawFn, role: str, max_replicas: int = 100_000) -> TaskGroup:
     command = draw(st.lists(texts, min_size=1, max_size=4).filter(lambda argv: argv[0] != ""))
     return TaskGroup(
         role=role,
-        replicas=draw(st.one_of(st.integers(1, 8), st.integers(1, 100_000))),
+        replicas=draw(st.one_of(st.integers(1, 8), st.integers(1, max_replicas))),
         resources=draw(resources()),
         command=tuple(command),
         env=draw(sorted_pairs(env_names, texts)),
@@ -115,7 +115,8 @@ def task_groups(draw: st.DrawFn, role: str) -> TaskGroup:
 @st.composite
 def jobs(draw: st.DrawFn) -> Job:
     roles = draw(st.lists(label_names, min_size=1, max_size=3, unique=True))
-    groups = tuple(draw(task_groups(role)) for role in roles)
+    # Within the job's limit on tasks over all its groups (common.spec.MAX_TASKS_PER_JOB).
+    groups = tuple(draw(task_groups(role, 100_000 // len(roles))) for role in roles)
     total = sum(g.replicas for g in groups)
     return Job(
         id=draw(job_ids),

@@ -85,8 +85,10 @@ def test_every_error_has_its_exit_code() -> None:
     }
     assert {type(e).__name__: exit_code(e) for e in cases} == {type(e).__name__: c for e, c in cases.items()}
     assert error_message(errors.ResourceExhausted("too many"), "m:1") == "refused by admission: too many"
-    late = error_message(errors.DeadlineExceeded("Deadline Exceeded"), "m:1")
+    late = error_message(errors.DeadlineExceeded("Deadline Exceeded"), "m:1", submitting=True)
     assert late.startswith("the master at m:1 did not answer in time") and "--submission-id" in late
+    cancel = error_message(errors.DeadlineExceeded("Deadline Exceeded"), "m:1")  # not a submission
+    assert "may still take effect" in cancel and "--submission-id" not in cancel
     assert "cannot reach the master at m:1" in error_message(errors.Unavailable("refused"), "m:1")
     assert "not ready" in error_message(errors.Unavailable("the scheduler is not ready"), "m:1")
 

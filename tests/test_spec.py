@@ -155,6 +155,15 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     ("role-empty", group(role=""), "groups[0].role", "must not be empty"),
     ("replicas-zero", group(replicas=0), "groups[0].replicas", "must be >= 1, got 0"),
     ("replicas-huge", group(replicas=100_001), "groups[0].replicas", "must be <= 100000"),
+    (
+        "tasks-over-the-job-limit",
+        {
+            "id": "j1",
+            "groups": [group(role=f"r{i}", replicas=100_000)["groups"][0] for i in range(10)],
+        },
+        "groups",
+        "1000000 tasks in all; a job holds at most 100000",
+    ),
     ("replicas-string", group(replicas="4"), "groups[0].replicas", "expected an integer"),
     (
         "min-member-over-total",
