@@ -6,6 +6,7 @@ reconnects and resends) harmless. Readers that follow a task wait on one conditi
 write notifies.
 """
 
+import os
 import threading
 from pathlib import Path
 from urllib.parse import quote
@@ -51,6 +52,8 @@ class LogStore:
         if not path.exists():
             return b""
         with open(path, "rb") as f:
+            if offset >= os.fstat(f.fileno()).st_size:
+                return b""  # nothing past the end yet; seeking far past it fails (EINVAL)
             f.seek(offset)
             return f.read(limit)
 
