@@ -148,19 +148,23 @@ class Dispatcher:
         now = self.clock()
         ids: list[str] = []
         new: list[Job] = []
-        batch_subs: dict[str, str] = {}
+        batch_subs: dict[str, Job] = {}
         batch_ids: set[str] = set()
         for job in jobs:
             self._validate(job)
             sid = job.submission_id
             if sid:
-                existing = self._submissions.get(sid) or batch_subs.get(sid)
-                if existing is None and self.store is not None:
-                    existing = self.store.find_submission(sid)
-                if existing is not None:
-                    ids.append(existing)
+                first = batch_subs.get(sid) or self._submitted_as(sid)
+                if first is not None:
+                    if not same_request(job, first):
+                        raise SpecError(
+                            "submission_id",
+                            f"{sid!r} was first used for job {first.id} with another spec: a retry "
+                            "must repeat that request (a new job needs a new submission id)",
+                        )
+                    ids.append(first.id)
                     continue
-                batch_subs[sid] = job.id
+                batch_subs[sid] = job
             if job.id in self or job.id in batch_ids:  # active, kept apart, or retained
                 raise SpecError("id", f"job id {job.id!r} already exists")
             batch_ids.add(job.id)
@@ -181,6 +185,16 @@ class Dispatcher:
         for job in new:
             self._register(job, [PENDING] * job.total_replicas)
         return ids
+
+    def _submitted_as(self, submission_id: str) -> Job | None:
+        """The job first submitted under `submission_id`, if any (in memory, or in the store only)."""
+        job_id = self._submissions.get(submission_id)
+        if job_id is not None and job_id in self:
+            return self.job(job_id)
+        if self.store is None:
+            return None
+        job_id = self.store.find_submission(submission_id)
+        return None if job_id is None else self.store.get_job(job_id)
 
     def _validate(self, job: Job) -> None:
         if job.queue not in self._queue_index:
@@ -1037,3 +1051,9 @@ def backoff_delay(base: float, cap: float, failures: int) -> float:
     if failures <= 0:
         return 0.0
     return min(cap, base * math.pow(2.0, min(failures - 1, 62)))
+
+
+def same_request(job: Job, first: Job) -> bool:
+    """`job` repeats the request that submitted `first`: the same spec, whatever id was generated
+    for each, when each was stamped, or where a relative deadline ("in 2h") put each one."""
+    return replace(job, id=first.id, submit_time=first.submit_time, deadline=first.deadline) == first

@@ -22,6 +22,9 @@ class JobStore(Protocol):
     def find_submission(self, submission_id: str) -> str | None:
         """The id of the job stored under this submission id, if any."""
 
+    def get_job(self, job_id: str) -> Job | None:
+        """The stored job of this id, if any."""
+
     def set_task_states(
         self, updates: Sequence[tuple[str, TaskState]], *, reasons: Mapping[str, str] | None = None
     ) -> object:
@@ -58,6 +61,9 @@ class MemoryStore:
 
     def find_submission(self, submission_id: str) -> str | None:
         return self.submissions.get(submission_id)
+
+    def get_job(self, job_id: str) -> Job | None:
+        return self.jobs.get(job_id)
 
     def set_task_states(
         self, updates: Sequence[tuple[str, TaskState]], *, reasons: Mapping[str, str] | None = None

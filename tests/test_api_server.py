@@ -124,6 +124,11 @@ def test_submission_id_is_idempotent(client: Client, server: ServerHandle) -> No
         spec = convert.job_to_proto_spec(job_from_spec(too_big()), submit_time=False)
         reply = stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec, submission_id="once"), timeout=5)
     assert (reply.job_id, reply.created) == (first, False)
+    other = too_big()
+    other["priority"] = 7  # another request under the same key: refused, not answered with the first
+    with pytest.raises(errors.InvalidArgument, match=f"first used for job {first} with another spec") as err:
+        client.submit(other, submission_id="once")
+    assert err.value.field == "submission_id"
     client.cancel(first)
 
 

@@ -897,3 +897,33 @@ def test_job_state_of_a_gang(states: list[TaskState], min_member: int, want: Job
     from gosched.dispatcher.records import job_state_of
 
     assert job_state_of(states, min_member, False) is want
+
+
+def test_a_submission_id_answers_only_a_repeat_of_its_first_request(tmp_path) -> None:
+    from gosched.common.store import Store
+
+    store = Store(str(tmp_path / "gosched.db"))
+    d, _ = dispatcher(store=store)
+    first = make_job("a").cpu("1").build()
+    s = "key-1"
+    assert d.submit_many([replace_sub(first, s)]) == ["a"]
+    # A retry: a newly generated id, a later stamp: the first job is the answer.
+    assert d.submit(replace_sub(make_job("b").cpu("1").submitted(5.0).build(), s)) == "a"
+    for changed in (make_job("c").cpu("2").build(), make_job("c").cpu("1").priority(3).build()):
+        with pytest.raises(SpecError, match="first used for job a with another spec") as err:
+            d.submit(replace_sub(changed, s))
+        assert err.value.field == "submission_id"
+    with pytest.raises(SpecError, match="another spec"):  # within one batch too
+        d.submit_many(
+            [replace_sub(make_job("x").build(), "k2"), replace_sub(make_job("y").cpu("3").build(), "k2")]
+        )
+    d2, _ = dispatcher(store=store)  # known to the store only (not restored): still checked
+    assert d2.submit(replace_sub(make_job("z").cpu("1").build(), s)) == "a"
+    with pytest.raises(SpecError, match="another spec"):
+        d2.submit(replace_sub(make_job("z").cpu("5").build(), s))
+
+
+def replace_sub(job, submission_id: str):
+    from dataclasses import replace
+
+    return replace(job, submission_id=submission_id)
