@@ -2,14 +2,23 @@
 bound to it."""
 
 import signal
+from collections.abc import Callable
 from types import FrameType
 from typing import Annotated
 
 import typer
 
 from gosched.agent.containers import RUNTIME_PROBE_S
-from gosched.common.node import Taint, TaintEffect
+from gosched.cli.flags import FlagError, check_seconds, refuse
+from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Taint, TaintEffect
 from gosched.common.quantity import parse_bytes, parse_milli
+
+# Labels the agent or the master set on an agent's node themselves: an operator's value would be
+# overridden (AGENT_LABEL, by the master) or would claim a container runtime the probe did not find.
+RESERVED_LABELS = {
+    AGENT_LABEL: "set to true by the master on every node an agent registers",
+    RUNTIME_LABEL: "set by the agent when its probe finds docker or podman working",
+}
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -23,6 +32,27 @@ def parse_labels(text: str) -> dict[str, str]:
             raise ValueError(f"label {item!r} is not key=value")
         labels[key.strip()] = value.strip()
     return labels
+
+
+def check_reserved_labels(labels: dict[str, str]) -> None:
+    """Refuse the labels the agent (or the master) sets itself: the operator's would be silently
+    replaced, or would send tasks with an image to a node that cannot run them."""
+    for key in labels:
+        if key in RESERVED_LABELS:
+            raise ValueError(f"{key} is reserved: {RESERVED_LABELS[key]}")
+
+
+def _quantity(flag: str, text: str | None, parse: Callable[[str, str], int]) -> int | None:
+    """--cpus/--memory: None (the machine's), or a positive quantity; advertising none is no node."""
+    if text is None:
+        return None
+    try:
+        value = parse(text, "value")
+    except ValueError as exc:  # QuantityError
+        raise FlagError(flag, str(exc)) from None
+    if value <= 0:
+        raise FlagError(flag, f"must be more than 0, not {text!r} (leave it out to advertise the machine's)")
+    return value
 
 
 def parse_taints(text: str) -> tuple[Taint, ...]:
@@ -53,7 +83,13 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="The master's agent endpoint, HOST:PORT.")
         ] = "localhost:9090",
         name: Annotated[str | None, typer.Option(help="Node name (default: the hostname).")] = None,
-        labels: Annotated[str, typer.Option(help="Node labels k=v,k2=v2, over the discovered ones.")] = "",
+        labels: Annotated[
+            str,
+            typer.Option(
+                help="Node labels k=v,k2=v2, over the discovered ones (not gosched.io/agent or "
+                "gosched.io/container-runtime: the agent sets those).",
+            ),
+        ] = "",
         taints: Annotated[
             str, typer.Option(help="Node taints key=value:Effect,... (Effect: NoSchedule by default).")
         ] = "",
@@ -73,12 +109,29 @@ def register(app: typer.Typer) -> None:
         runtime_probe: Annotated[
             float,
             typer.Option(
-                min=0.0,
                 help="Seconds between checks that docker/podman still works (0: only at start).",
             ),
         ] = RUNTIME_PROBE_S,
     ) -> None:
         """Run the node agent: register this machine with the master and run the tasks bound to it."""
+        # Every flag is checked before the agent probes the machine or reaches for the master.
+        try:
+            check_seconds("--grace", grace, zero=True)  # 0: SIGKILL at once
+            check_seconds("--runtime-probe", runtime_probe, zero=True)  # 0: only at start
+            cpu_milli = _quantity("--cpus", cpus, parse_milli)
+            memory_bytes = _quantity("--memory", memory, parse_bytes)
+            try:
+                node_labels = parse_labels(labels)
+                check_reserved_labels(node_labels)
+            except ValueError as exc:
+                raise FlagError("--labels", str(exc)) from None
+            try:
+                node_taints = parse_taints(taints)
+            except ValueError as exc:
+                raise FlagError("--taints", str(exc)) from None
+        except FlagError as exc:
+            refuse(exc)
+
         from gosched.agent.runner import AgentRunner, WorkDirBusy
 
         try:
@@ -86,15 +139,15 @@ def register(app: typer.Typer) -> None:
                 master,
                 name,
                 work_dir=work_dir,
-                labels=parse_labels(labels),
-                taints=parse_taints(taints),
-                cpu_milli=None if cpus is None else parse_milli(cpus, "--cpus"),
-                memory=None if memory is None else parse_bytes(memory, "--memory"),
+                labels=node_labels,
+                taints=node_taints,
+                cpu_milli=cpu_milli,
+                memory=memory_bytes,
                 runtime_probe_s=runtime_probe,
                 shutdown_grace_s=grace,
                 echo=typer.echo,
             )
-        except ValueError as exc:  # QuantityError, SpecError (bad labels or taints)
+        except ValueError as exc:  # SpecError: the node as a whole (e.g. a label the master refuses)
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
         machine = runner.machine

@@ -1,10 +1,9 @@
 """The `gosched` command line."""
 
 import json
-import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 # gRPC's C core logs an INFO line each time Ray forks a worker while gRPC threads run; a person at
 # a terminal needs errors only (set GRPC_VERBOSITY to see more).
@@ -13,6 +12,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import typer
 
 from gosched.cli import agent_cmd, client_cmds, master_cmds
+from gosched.cli.flags import FlagError, check_count, check_positive, refuse
 
 if TYPE_CHECKING:
     from gosched.bench.runner import RunResult
@@ -78,10 +78,16 @@ def bench(
     # Every flag is checked before any mode starts Ray or a run: a bad value must not cost a run
     # (or hang one: NaN and infinity compare false with everything, so they are refused by name).
     try:
-        _check_at_least("--nodes", nodes, 1)
-        _check_at_least("--pods", pods, 0 if memory else 1)  # --memory 0: the idle control plane
-        _check_at_least("--replicas", replicas, 1)
-        _check_at_least("--submit-batch", submit_batch, 1)
+        check_count("--nodes", nodes, 1)
+        check_count("--pods", pods, 0 if memory else 1)  # --memory 0: the idle control plane
+        check_count("--replicas", replicas, 1)
+        check_count("--submit-batch", submit_batch, 1)
+        if ingest and pods % replicas:  # ingest submits whole jobs: it would measure another count
+            raise FlagError(
+                "--pods",
+                f"must be a multiple of --replicas ({replicas}) with --ingest: it submits jobs of "
+                f"{replicas} tasks, so {pods} would measure {max(1, pods // replicas) * replicas}",
+            )
         counts = _parse_shards(shards)
         fixed_rate = _parse_rate(rate, in_process)
         chosen_profiles = profiles(profile)
@@ -90,13 +96,13 @@ def bench(
         )
         unknown = [n for n in names if n not in WORKLOADS]
         if unknown or not names:
-            raise _FlagError(
+            raise FlagError(
                 "--workload",
                 (f"unknown workload {', '.join(unknown)}" if unknown else f"no workload in {workload!r}")
                 + f" (known: {', '.join(WORKLOADS)}, or all)",
             )
     except ValueError as exc:
-        _refuse(exc)
+        refuse(exc)
     # Each run builds its Settings from these flags: a bad one is reported here, before any runs.
     master_cmds.flag_settings(shards=max(counts), batch_size=batch_size)
     out_dir = _out_folder(out)
@@ -127,29 +133,6 @@ def bench(
         typer.echo(f"wrote {path}")
 
 
-class _FlagError(ValueError):
-    """A bad flag value, reported as `error: <flag>: <reason>` with exit 2 before anything runs."""
-
-    def __init__(self, flag: str, reason: str) -> None:
-        super().__init__(f"{flag}: {reason}")
-
-
-def _refuse(exc: ValueError) -> NoReturn:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(2) from exc
-
-
-def _check_at_least(flag: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise _FlagError(flag, f"must be >= {minimum}, got {value}")
-
-
-def _check_positive(flag: str, value: float) -> None:
-    # `value <= 0` alone lets NaN through (every comparison with it is false), and infinity after it.
-    if not (math.isfinite(value) and value > 0):
-        raise _FlagError(flag, f"must be a finite number > 0, got {value}")
-
-
 def _parse_shards(text: str) -> list[int]:
     """--shards: whole numbers >= 1, comma separated; an empty entry (`1,,2`) is a typo, not a skip."""
     counts = []
@@ -159,9 +142,7 @@ def _parse_shards(text: str) -> list[int]:
         except ValueError:
             count = 0
         if count < 1:
-            raise _FlagError(
-                "--shards", f"each entry must be a whole number >= 1 (e.g. 1,2,4), not {entry!r}"
-            )
+            raise FlagError("--shards", f"each entry must be a whole number >= 1 (e.g. 1,2,4), not {entry!r}")
         counts.append(count)
     return counts
 
@@ -170,15 +151,15 @@ def _parse_rate(rate: str | None, in_process: bool) -> float | None:
     """--rate: None, 'half' (None here: decided per run) or a positive number of tasks/s."""
     if rate is None or rate == "half":
         if rate is not None and in_process:
-            raise _FlagError("--rate", "needs the Ray runtime (leave out --in-process)")
+            raise FlagError("--rate", "needs the Ray runtime (leave out --in-process)")
         return None
     try:
         value = float(rate)
     except ValueError:
-        raise _FlagError("--rate", f"must be a number of tasks/s or 'half', not {rate!r}") from None
-    _check_positive("--rate", value)
+        raise FlagError("--rate", f"must be a number of tasks/s or 'half', not {rate!r}") from None
+    check_positive("--rate", value)
     if in_process:
-        raise _FlagError("--rate", "needs the Ray runtime (leave out --in-process)")
+        raise FlagError("--rate", "needs the Ray runtime (leave out --in-process)")
     return value
 
 
@@ -189,9 +170,9 @@ def _out_folder(out: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        _refuse(_FlagError("--out", f"cannot create folder {out}: {exc.strerror or exc}"))
+        refuse(FlagError("--out", f"cannot create folder {out}: {exc.strerror or exc}"))
     if not os.access(path, os.W_OK | os.X_OK):
-        _refuse(_FlagError("--out", f"cannot write in folder {out}: permission denied"))
+        refuse(FlagError("--out", f"cannot write in folder {out}: permission denied"))
     return path
 
 
@@ -267,24 +248,24 @@ def replay(
 
     # The flags first, so that a bad one is named even where the trace is missing.
     try:
-        _check_at_least("--seeds", seeds, 1)
+        check_count("--seeds", seeds, 1)
         chosen = (
             list(POLICIES) if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
         )
         unknown = [p for p in chosen if p not in POLICIES]
         if unknown or not chosen:
-            raise _FlagError(
+            raise FlagError(
                 "--policies",
                 (f"unknown policy {', '.join(unknown)}" if unknown else f"no policy in {policies!r}")
                 + f" (known: {', '.join(POLICIES)}, or all)",
             )
         if runtime not in ("ray", "local"):
-            raise _FlagError("--runtime", f"must be ray or local, not {runtime!r}")
-        _check_positive("--compress", compress)
+            raise FlagError("--runtime", f"must be ray or local, not {runtime!r}")
+        check_positive("--compress", compress)
         if limit_s is not None:
-            _check_positive("--limit-s", limit_s)
+            check_positive("--limit-s", limit_s)
     except ValueError as exc:
-        _refuse(exc)
+        refuse(exc)
     folder = find_trace(trace_dir)
     node_csv, task_csv = folder / "openb_node_list_gpu_node.csv", folder / "openb_pod_list_default.csv"
     if not node_csv.exists() or not task_csv.exists():
@@ -340,10 +321,10 @@ def demo(
     from gosched.runtime.demo import run_demo
 
     try:
-        _check_at_least("--nodes", nodes, 0)  # 0: the local node alone
-        _check_at_least("--jobs", jobs, 0)
+        check_count("--nodes", nodes, 0)  # 0: the local node alone
+        check_count("--jobs", jobs, 0)
     except ValueError as exc:
-        _refuse(exc)
+        refuse(exc)
     master_cmds.flag_settings(shards=shards)  # run_demo builds its Settings from this flag
     run_demo(nodes=nodes, jobs=jobs, shards=shards, echo=typer.echo)
 

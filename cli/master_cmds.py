@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gosched.cli.flags import check_count, check_seconds, refuse
 from gosched.common.config import Settings, load_settings
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
@@ -55,6 +56,24 @@ def checked_settings(config: str | None, **overrides: Any) -> Settings:
     settings = load_settings(config, **overrides)
     check_profile(settings.profile)
     return settings
+
+
+def _check_sim_flags(sim_nodes: int, sim_task_seconds: float) -> None:
+    try:
+        check_count("--sim-nodes", sim_nodes, 0)
+        check_seconds("--sim-task-seconds", sim_task_seconds, zero=True)  # NaN/inf: tasks never end
+    except ValueError as exc:
+        refuse(exc)
+
+
+def note_new_store(store_path: str) -> None:
+    """Say so when the store does not exist yet: the master creates it (and its folders), which a
+    first start needs, but a mistyped --store on a restart would otherwise look like an empty cluster."""
+    if store_path == ":memory:":
+        return
+    path = Path(store_path)  # as serve() opens it (no ~ expansion there either)
+    if not path.exists():
+        typer.echo(f"note: no store at {path.absolute()}: starting a new, empty one", err=True)
 
 
 def _wait_for_signal(handle: Any) -> None:
@@ -110,6 +129,7 @@ def master(
     sim_task_seconds: SimSecondsOpt = 5.0,
 ) -> None:
     """Run the scheduler (dispatcher, binder, shards as Ray actors) and serve its API."""
+    _check_sim_flags(sim_nodes, sim_task_seconds)
     settings = _settings(
         config,
         shards=shards,
@@ -119,6 +139,7 @@ def master(
         ray_address=address,
         runtime="local" if in_process else None,
     )
+    note_new_store(settings.store_path)  # before _start opens (and so creates) it
     handle = _start(settings, sim_nodes, sim_task_seconds if sim_nodes else None)
     typer.echo(
         f"gosched master ready: gRPC :{handle.grpc_port}, HTTP :{handle.http_port}, "
@@ -150,6 +171,7 @@ def up(
     """The embedded default: a local Ray, the master, this machine's agent, simulated nodes."""
     from gosched import Client
 
+    _check_sim_flags(sim_nodes, sim_task_seconds)
     root = Path(work_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     settings = _settings(
@@ -160,6 +182,7 @@ def up(
         http_port=http_port,
         runtime="ray",
     )
+    note_new_store(settings.store_path)  # before _start opens (and so creates) it
     started = time.monotonic()
     typer.echo(f"starting Ray and the master ({settings.shards} shards) ...")
     handle = _start(settings, sim_nodes, sim_task_seconds)

@@ -1,0 +1,38 @@
+"""Bad flag values as usage errors: `error: <flag>: <reason>` on stderr and exit 2, never a traceback,
+and before the command starts anything (the same convention as cli/main.py's bench and replay)."""
+
+import math
+from typing import NoReturn
+
+import typer
+
+
+class FlagError(ValueError):
+    """A bad flag value, reported as `error: <flag>: <reason>`."""
+
+    def __init__(self, flag: str, reason: str) -> None:
+        super().__init__(f"{flag}: {reason}")
+
+
+def refuse(exc: ValueError) -> NoReturn:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2) from exc
+
+
+def check_seconds(flag: str, value: float, *, zero: bool) -> None:
+    """A duration in seconds: finite, >= 0 (`zero`) or > 0. `value < 0` alone lets NaN through (every
+    comparison with it is false), and infinity would overflow the waits it ends up in."""
+    low = value >= 0 if zero else value > 0
+    if not (math.isfinite(value) and low):
+        raise FlagError(flag, f"must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {value}")
+
+
+def check_positive(flag: str, value: float) -> None:
+    """A finite number > 0: `value <= 0` alone lets NaN through, and infinity after it."""
+    if not (math.isfinite(value) and value > 0):
+        raise FlagError(flag, f"must be a finite number > 0, got {value}")
+
+
+def check_count(flag: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise FlagError(flag, f"must be >= {minimum}, got {value}")
