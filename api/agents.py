@@ -137,6 +137,19 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             self._operator_state.pop(node.name, None)  # the cordon is lifted: not restored later
             return NodeState.READY if node.name in self.sessions else NodeState.NOT_READY
 
+    def connected(self, node: str) -> bool:
+        """An agent's stream for this node is up: the node is in use, not gone."""
+        with self._lock:
+            s = self.sessions.get(node)
+            return s is not None and s.connected
+
+    def forget(self, node: str) -> None:
+        """The node was deleted: no session to time out, no cordon to give back if an agent comes
+        back under its name (it registers as a new node)."""
+        with self._lock:
+            self.sessions.pop(node, None)
+            self._operator_state.pop(node, None)
+
     # -- gRPC ----------------------------------------------------------------------------------------
     def Register(self, request: agent_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:
         try:

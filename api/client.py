@@ -291,6 +291,11 @@ class Client:
         reply = self._call(self._cluster.DrainNode, cluster_pb2.DrainNodeRequest(name=name))
         return convert.node_info_from_proto(reply)
 
+    def delete_node(self, name: str, *, force: bool = False) -> builtins.list[str]:
+        """Remove a node whose machine is gone; returns the task ids requeued from it (force)."""
+        reply = self._call(self._cluster.DeleteNode, cluster_pb2.DeleteNodeRequest(name=name, force=force))
+        return list(reply.requeued_task_ids)
+
     def queues(self) -> builtins.list[QueueInfo]:
         reply = self._call(self._cluster.ListQueues, cluster_pb2.ListQueuesRequest())
         return [QueueInfo(q.name, q.policy, q.guarantee, q.max_share, q.share) for q in reply.queues]

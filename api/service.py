@@ -363,6 +363,24 @@ class SchedulerService:
             self.touch()
             return self.node(name)
 
+    def delete_node(self, name: str, *, force: bool) -> list[str]:
+        """Remove a node; refused (FailedPrecondition) while tasks hold resources on it, unless
+        `force`: they are then released as at the node's loss and queued again (returned)."""
+        with self._changed:
+            holding = self.control.residents([name]).get(name, [])
+            if holding and not force:
+                shown = ", ".join(sorted(holding)[:5]) + (", ..." if len(holding) > 5 else "")
+                raise FailedPrecondition(
+                    f"node {name} holds {len(holding)} task(s) ({shown}): drain it and let them end, "
+                    "or delete it with force to queue them again"
+                )
+            try:
+                requeued = self.control.remove_node(name)
+            except KeyError:
+                raise NotFound(f"node {name!r} not found") from None
+            self.touch()
+            return requeued
+
     # -- queues and status -------------------------------------------------------------------------
     def queues(self) -> list[QueueView]:
         with self.lock:

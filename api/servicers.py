@@ -265,6 +265,21 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         return self._node(self.service.set_node_state(request.name, NodeState.DRAINING))
 
     @_mapped
+    def DeleteNode(
+        self, request: cluster_pb2.DeleteNodeRequest, context: Any
+    ) -> cluster_pb2.DeleteNodeResponse:
+        # Under the lock Register holds: an agent cannot register the node in between.
+        with self.service.lock:
+            if self.gateway.connected(request.name):
+                raise FailedPrecondition(
+                    f"node {request.name} has a connected agent: stop the agent first (a node that "
+                    "is in use is cordoned or drained, not deleted)"
+                )
+            requeued = self.service.delete_node(request.name, force=request.force)
+            self.gateway.forget(request.name)
+        return cluster_pb2.DeleteNodeResponse(name=request.name, requeued_task_ids=requeued)
+
+    @_mapped
     def ListQueues(
         self, request: cluster_pb2.ListQueuesRequest, context: Any
     ) -> cluster_pb2.ListQueuesResponse:

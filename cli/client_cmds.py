@@ -264,6 +264,20 @@ def drain(node: NodeArg, output: OutputOpt = Format.TABLE, master: MasterOpt = D
     out.emit(output, lambda: out.node_data(info), lambda: out.node_line(info))
 
 
+def delete_node(
+    node: NodeArg,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also when tasks run there: they are queued again.")
+    ] = False,
+    master: MasterOpt = DEFAULT_MASTER,
+) -> None:
+    """Remove a node whose machine is gone for good (its agent stopped)."""
+    with _client(master) as client:
+        requeued = client.delete_node(node, force=force)
+    more = f"; {len(requeued)} task(s) queued again" if requeued else ""
+    typer.echo(f"node {node} deleted{more}")
+
+
 def queues(output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
     """List queues with their policy, guarantee, cap and current share."""
     with _client(master) as client:
@@ -284,3 +298,4 @@ def register(app: typer.Typer) -> None:
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
     for command in (jobs, get, describe, cancel, logs, explain, nodes, queues, status, cordon, drain):
         app.command(command.__name__)(command)
+    app.command("delete-node")(delete_node)

@@ -92,6 +92,11 @@ class ControlPlane(Protocol):
         members below its min_member is evicted whole). Returns the task ids released."""
         ...
 
+    def remove_node(self, name: str) -> list[str]:
+        """Delete the node (KeyError if unknown); its tasks are requeued as at its loss. Returns
+        the task ids released."""
+        ...
+
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
         """Live nodes (those named, if given; unknown names are left out)."""
         ...

@@ -90,6 +90,9 @@ class LocalControl:
         p.dispatcher.on_released(released, TaskState.PENDING)
         return released
 
+    def remove_node(self, name: str) -> list[str]:
+        return self.pipeline.remove_node(name)
+
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
         return queries.node_snapshots(self.pipeline.binder, names)
 

@@ -70,12 +70,13 @@ class Pipeline:
         self._nodes_changed(nodes, [])
         self.sync_shards()
 
-    def remove_node(self, name: str) -> None:
-        """The node is gone: its tasks lost their place and are scheduled again."""
+    def remove_node(self, name: str) -> list[str]:
+        """The node is gone: its tasks lost their place and are scheduled again (returned)."""
         lost = self.binder.remove_node(name)
         self.dispatcher.on_released(lost, TaskState.PENDING)
         self._nodes_changed([], [name])
         self.sync_shards()
+        return lost
 
     def set_node_state(self, name: str, state: NodeState) -> None:
         self.binder.set_node_state(name, state)

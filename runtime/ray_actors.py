@@ -367,6 +367,9 @@ class BinderCore:
     def lose(self, task_ids: Sequence[str]) -> list[str]:
         return self.binder.lose(task_ids)
 
+    def remove_node(self, name: str) -> list[str]:
+        return self.binder.remove_node(name)
+
     def node_lost(self, name: str) -> list[str]:
         """Mark the node not ready and release its residents as lost (gangs broken whole)."""
         self.binder.set_node_state(name, NodeState.NOT_READY)

@@ -33,6 +33,7 @@ from ray.exceptions import RayActorError
 from gosched.common.config import Settings
 from gosched.common.job import Job
 from gosched.common.node import Node, keep_operator_states
+from gosched.common.states import TaskState
 from gosched.runtime.ray_actors import make_actor_classes
 
 # Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
@@ -107,6 +108,14 @@ class RayScheduler:
         """Register nodes; the shards learn them with their next reply."""
         ray.get(self.binder.add_nodes.remote(list(nodes)))
         self._wire(reset_shards=False)
+
+    def remove_node(self, name: str) -> list[str]:
+        """Delete a node; its tasks are queued again (returned). The shards learn it with their
+        next reply, and their partitions are drawn again without it."""
+        lost: list[str] = ray.get(self.binder.remove_node.remote(name))
+        ray.get(self.dispatcher.on_released.remote(lost, TaskState.PENDING.value))
+        self._wire(reset_shards=False)
+        return lost
 
     # -- jobs --------------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:

@@ -215,6 +215,17 @@ class RayControl:
         return released
 
     @_answered()
+    def remove_node(self, name: str) -> list[str]:
+        try:
+            released = self.rs.remove_node(name)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, KeyError):
+                raise KeyError(name) from None
+            raise
+        self._wake_shards()
+        return released
+
+    @_answered()
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeSnapshot]:
         got: list[NodeSnapshot] = ray.get(self.rs.binder.nodes.remote(None if names is None else list(names)))
         return got

@@ -19,7 +19,7 @@ from gosched.api.agents import AgentGateway
 from gosched.api.server import ServerHandle, serve
 from gosched.common.config import Settings
 from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Node, NodeState, make_node
-from gosched.common.states import JobState
+from gosched.common.states import JobState, TaskState
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
 
@@ -366,4 +366,37 @@ def test_an_agent_program_on_a_taken_name_exits_and_a_killed_one_comes_back(tmp_
             if proc.poll() is None:
                 proc.terminate()
                 proc.communicate(timeout=15)
+        master.stop()
+
+
+def test_a_node_is_deleted_only_once_its_agent_is_gone_and_its_tasks_may_go(tmp_path: Path) -> None:
+    from gosched.api import errors
+
+    master = start_master(tmp_path / "d.db", node_timeout_s=60.0)  # no loss by timeout meanwhile
+    agent = ScriptedAgent(master.target, "d1")
+    try:
+        with Client(master.target, timeout=10) as client:
+            client.submit({"id": "held", "cpu": "1", "command": "true"})
+            launch = agent.launches.get(timeout=10)
+            agent.report(launch.task_id, pb.TASK_STATE_RUNNING)
+            with pytest.raises(errors.FailedPrecondition, match="has a connected agent"):
+                client.delete_node("d1")
+            agent.close()
+            wait_for("the stream's end", lambda: not client.node("d1").agent_connected)
+            with pytest.raises(errors.FailedPrecondition, match=r"holds 1 task\(s\) \(held/0\)"):
+                client.delete_node("d1")
+            assert client.node("d1").task_ids == ("held/0",)  # nothing was changed
+            assert client.delete_node("d1", force=True) == ["held/0"]
+            assert [n.name for n in client.nodes()] == []
+            assert client.get("held").tasks[0].state is TaskState.PENDING  # queued again
+            with pytest.raises(errors.NotFound):
+                client.delete_node("d1")
+            back = ScriptedAgent(master.target, "d1")  # the machine returns: a new node
+            try:
+                assert client.node("d1").state is NodeState.READY
+                assert back.launches.get(timeout=10).task_id == "held/0"
+            finally:
+                back.close()
+    finally:
+        agent.close()
         master.stop()

@@ -192,3 +192,34 @@ def test_a_duplicate_job_id_is_refused_through_the_actors_naming_the_field(tmp_p
         assert control.job_ids() == ["dup"]
     finally:
         control.close()
+
+
+def test_a_deleted_node_gives_its_tasks_to_the_other_nodes_through_the_actors(tmp_path: Path) -> None:
+    from gosched.runtime.ray_control import RayControl
+
+    nodes = [make_node(n).cpu("2").mem("16Gi").build() for n in ("a", "b")]
+    control = RayControl(Settings(store_path=str(tmp_path / "gosched.db"), shards=2), nodes)
+
+    def placed(*names: str) -> dict[str, list[str]]:
+        return {n: sorted(t) for n, t in control.residents(list(names)).items()}
+
+    def settle(until: Callable[[], bool]) -> None:
+        for _ in range(500):
+            control.step()
+            if until():
+                return
+
+    try:
+        control.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(4)])
+        settle(lambda: sum(map(len, placed("a", "b").values())) == 4)  # both nodes full
+        on_a = placed("a")["a"]
+        assert len(on_a) == 2
+        assert sorted(control.remove_node("a")) == on_a
+        with pytest.raises(KeyError):
+            control.remove_node("a")
+        assert [s.node.name for s in control.nodes()] == ["b"]
+        control.add_nodes([make_node("c").cpu("2").mem("16Gi").build()])
+        settle(lambda: len(placed("c")["c"]) == 2)  # queued again, and bound where there is room
+        assert placed("a", "c") == {"a": [], "c": on_a}
+    finally:
+        control.close()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gosched.proto.v1 import types_pb2 as gosched_dot_proto_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egosched/proto/v1/cluster.proto\x12\ngosched.v1\x1a\x1cgosched/proto/v1/types.proto\"8\n\x10ListNodesRequest\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.gosched.v1.NodeState\"8\n\x11ListNodesResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.gosched.v1.NodeInfo\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"3\n\x11\x43ordonNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08uncordon\x18\x02 \x01(\x08\" \n\x10\x44rainNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11ListQueuesRequest\"Z\n\x05Queue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x11\n\tguarantee\x18\x03 \x01(\x01\x12\x11\n\tmax_share\x18\x04 \x01(\x01\x12\r\n\x05share\x18\x05 \x01(\x01\"7\n\x12ListQueuesResponse\x12!\n\x06queues\x18\x01 \x03(\x0b\x32\x11.gosched.v1.Queue\"\x12\n\x10GetStatusRequest\"\xee\x02\n\rClusterStatus\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x19\n\x11schedulable_nodes\x18\x03 \x01(\x05\x12\x11\n\tcpu_milli\x18\x04 \x01(\x03\x12\x16\n\x0e\x63pu_used_milli\x18\x05 \x01(\x03\x12\x0e\n\x06memory\x18\x06 \x01(\x03\x12\x13\n\x0bmemory_used\x18\x07 \x01(\x03\x12\x11\n\tgpu_milli\x18\x08 \x01(\x03\x12\x16\n\x0egpu_used_milli\x18\t \x01(\x03\x12\x13\n\x0b\x61\x63tive_jobs\x18\n \x01(\x05\x12\x14\n\x0cpending_jobs\x18\x0b \x01(\x05\x12\x17\n\x0fin_flight_units\x18\x0c \x01(\x05\x12\x0e\n\x06rounds\x18\r \x01(\x03\x12\x13\n\x0b\x62ound_tasks\x18\x0e \x01(\x03\x12\x18\n\x10\x62inder_conflicts\x18\x0f \x01(\x03\x12\x16\n\x0e\x62inder_version\x18\x10 \x01(\x03\x12\x0e\n\x06shards\x18\x11 \x01(\x05\x32\xae\x03\n\x0e\x43lusterService\x12H\n\tListNodes\x12\x1c.gosched.v1.ListNodesRequest\x1a\x1d.gosched.v1.ListNodesResponse\x12;\n\x07GetNode\x12\x1a.gosched.v1.GetNodeRequest\x1a\x14.gosched.v1.NodeInfo\x12\x41\n\nCordonNode\x12\x1d.gosched.v1.CordonNodeRequest\x1a\x14.gosched.v1.NodeInfo\x12?\n\tDrainNode\x12\x1c.gosched.v1.DrainNodeRequest\x1a\x14.gosched.v1.NodeInfo\x12K\n\nListQueues\x12\x1d.gosched.v1.ListQueuesRequest\x1a\x1e.gosched.v1.ListQueuesResponse\x12\x44\n\tGetStatus\x12\x1c.gosched.v1.GetStatusRequest\x1a\x19.gosched.v1.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egosched/proto/v1/cluster.proto\x12\ngosched.v1\x1a\x1cgosched/proto/v1/types.proto\"8\n\x10ListNodesRequest\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.gosched.v1.NodeState\"8\n\x11ListNodesResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.gosched.v1.NodeInfo\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"3\n\x11\x43ordonNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08uncordon\x18\x02 \x01(\x08\" \n\x10\x44rainNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"0\n\x11\x44\x65leteNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"=\n\x12\x44\x65leteNodeResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11requeued_task_ids\x18\x02 \x03(\t\"\x13\n\x11ListQueuesRequest\"Z\n\x05Queue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x11\n\tguarantee\x18\x03 \x01(\x01\x12\x11\n\tmax_share\x18\x04 \x01(\x01\x12\r\n\x05share\x18\x05 \x01(\x01\"7\n\x12ListQueuesResponse\x12!\n\x06queues\x18\x01 \x03(\x0b\x32\x11.gosched.v1.Queue\"\x12\n\x10GetStatusRequest\"\xee\x02\n\rClusterStatus\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x19\n\x11schedulable_nodes\x18\x03 \x01(\x05\x12\x11\n\tcpu_milli\x18\x04 \x01(\x03\x12\x16\n\x0e\x63pu_used_milli\x18\x05 \x01(\x03\x12\x0e\n\x06memory\x18\x06 \x01(\x03\x12\x13\n\x0bmemory_used\x18\x07 \x01(\x03\x12\x11\n\tgpu_milli\x18\x08 \x01(\x03\x12\x16\n\x0egpu_used_milli\x18\t \x01(\x03\x12\x13\n\x0b\x61\x63tive_jobs\x18\n \x01(\x05\x12\x14\n\x0cpending_jobs\x18\x0b \x01(\x05\x12\x17\n\x0fin_flight_units\x18\x0c \x01(\x05\x12\x0e\n\x06rounds\x18\r \x01(\x03\x12\x13\n\x0b\x62ound_tasks\x18\x0e \x01(\x03\x12\x18\n\x10\x62inder_conflicts\x18\x0f \x01(\x03\x12\x16\n\x0e\x62inder_version\x18\x10 \x01(\x03\x12\x0e\n\x06shards\x18\x11 \x01(\x05\x32\xfb\x03\n\x0e\x43lusterService\x12H\n\tListNodes\x12\x1c.gosched.v1.ListNodesRequest\x1a\x1d.gosched.v1.ListNodesResponse\x12;\n\x07GetNode\x12\x1a.gosched.v1.GetNodeRequest\x1a\x14.gosched.v1.NodeInfo\x12\x41\n\nCordonNode\x12\x1d.gosched.v1.CordonNodeRequest\x1a\x14.gosched.v1.NodeInfo\x12?\n\tDrainNode\x12\x1c.gosched.v1.DrainNodeRequest\x1a\x14.gosched.v1.NodeInfo\x12K\n\nDeleteNode\x12\x1d.gosched.v1.DeleteNodeRequest\x1a\x1e.gosched.v1.DeleteNodeResponse\x12K\n\nListQueues\x12\x1d.gosched.v1.ListQueuesRequest\x1a\x1e.gosched.v1.ListQueuesResponse\x12\x44\n\tGetStatus\x12\x1c.gosched.v1.GetStatusRequest\x1a\x19.gosched.v1.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,16 +42,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CORDONNODEREQUEST']._serialized_end=275
   _globals['_DRAINNODEREQUEST']._serialized_start=277
   _globals['_DRAINNODEREQUEST']._serialized_end=309
-  _globals['_LISTQUEUESREQUEST']._serialized_start=311
-  _globals['_LISTQUEUESREQUEST']._serialized_end=330
-  _globals['_QUEUE']._serialized_start=332
-  _globals['_QUEUE']._serialized_end=422
-  _globals['_LISTQUEUESRESPONSE']._serialized_start=424
-  _globals['_LISTQUEUESRESPONSE']._serialized_end=479
-  _globals['_GETSTATUSREQUEST']._serialized_start=481
-  _globals['_GETSTATUSREQUEST']._serialized_end=499
-  _globals['_CLUSTERSTATUS']._serialized_start=502
-  _globals['_CLUSTERSTATUS']._serialized_end=868
-  _globals['_CLUSTERSERVICE']._serialized_start=871
-  _globals['_CLUSTERSERVICE']._serialized_end=1301
+  _globals['_DELETENODEREQUEST']._serialized_start=311
+  _globals['_DELETENODEREQUEST']._serialized_end=359
+  _globals['_DELETENODERESPONSE']._serialized_start=361
+  _globals['_DELETENODERESPONSE']._serialized_end=422
+  _globals['_LISTQUEUESREQUEST']._serialized_start=424
+  _globals['_LISTQUEUESREQUEST']._serialized_end=443
+  _globals['_QUEUE']._serialized_start=445
+  _globals['_QUEUE']._serialized_end=535
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=537
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=592
+  _globals['_GETSTATUSREQUEST']._serialized_start=594
+  _globals['_GETSTATUSREQUEST']._serialized_end=612
+  _globals['_CLUSTERSTATUS']._serialized_start=615
+  _globals['_CLUSTERSTATUS']._serialized_end=981
+  _globals['_CLUSTERSERVICE']._serialized_start=984
+  _globals['_CLUSTERSERVICE']._serialized_end=1491
 # @@protoc_insertion_point(module_scope)

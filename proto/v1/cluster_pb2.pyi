@@ -39,6 +39,22 @@ class DrainNodeRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class DeleteNodeRequest(_message.Message):
+    __slots__ = ("name", "force")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteNodeResponse(_message.Message):
+    __slots__ = ("name", "requeued_task_ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    requeued_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., requeued_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ListQueuesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -56,6 +56,11 @@ class ClusterServiceStub:
                 request_serializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=gosched_dot_proto_dot_v1_dot_types__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.DeleteNode = channel.unary_unary(
+                '/gosched.v1.ClusterService/DeleteNode',
+                request_serializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.DeleteNodeRequest.SerializeToString,
+                response_deserializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.DeleteNodeResponse.FromString,
+                _registered_method=True)
         self.ListQueues = channel.unary_unary(
                 '/gosched.v1.ClusterService/ListQueues',
                 request_serializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.ListQueuesRequest.SerializeToString,
@@ -97,6 +102,14 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteNode(self, request, context):
+        """Remove a node for good (its machine is gone). Refused while its agent is connected, and while
+        tasks hold resources on it unless force: they are then requeued, as at the node's loss.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListQueues(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -131,6 +144,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.DrainNodeRequest.FromString,
                     response_serializer=gosched_dot_proto_dot_v1_dot_types__pb2.NodeInfo.SerializeToString,
+            ),
+            'DeleteNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNode,
+                    request_deserializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.DeleteNodeRequest.FromString,
+                    response_serializer=gosched_dot_proto_dot_v1_dot_cluster__pb2.DeleteNodeResponse.SerializeToString,
             ),
             'ListQueues': grpc.unary_unary_rpc_method_handler(
                     servicer.ListQueues,
@@ -251,6 +269,33 @@ class ClusterService:
             '/gosched.v1.ClusterService/DrainNode',
             gosched_dot_proto_dot_v1_dot_cluster__pb2.DrainNodeRequest.SerializeToString,
             gosched_dot_proto_dot_v1_dot_types__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gosched.v1.ClusterService/DeleteNode',
+            gosched_dot_proto_dot_v1_dot_cluster__pb2.DeleteNodeRequest.SerializeToString,
+            gosched_dot_proto_dot_v1_dot_cluster__pb2.DeleteNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
