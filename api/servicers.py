@@ -42,7 +42,7 @@ TASK_ENDED = frozenset({TaskState.PENDING, TaskState.SCHEDULED})
 # == error mapping =================================================================================
 def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     if isinstance(exc, SpecError):
-        if exc.field == "id" and "already exists" in exc.reason:
+        if exc.field.rsplit(".", 1)[-1] == "id" and "already exists" in exc.reason:  # "jobs[3].id" too
             return grpc.StatusCode.ALREADY_EXISTS, str(exc)
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, NotFound):

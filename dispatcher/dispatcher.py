@@ -150,24 +150,16 @@ class Dispatcher:
         new: list[Job] = []
         batch_subs: dict[str, Job] = {}
         batch_ids: set[str] = set()
-        for job in jobs:
-            self._validate(job)
-            sid = job.submission_id
-            if sid:
-                first = batch_subs.get(sid) or self._submitted_as(sid)
-                if first is not None:
-                    if not same_request(job, first):
-                        raise SpecError(
-                            "submission_id",
-                            f"{sid!r} was first used for job {first.id} with another spec: a retry "
-                            "must repeat that request (a new job needs a new submission id)",
-                        )
-                    ids.append(first.id)
-                    continue
-                batch_subs[sid] = job
-            if job.id in self or job.id in batch_ids:  # active, kept apart, or retained
-                raise SpecError("id", f"job id {job.id!r} already exists")
-            batch_ids.add(job.id)
+        for k, job in enumerate(jobs):
+            try:
+                first = self._check_new(job, batch_subs, batch_ids)
+            except SpecError as exc:
+                if len(jobs) == 1:
+                    raise
+                raise SpecError(f"jobs[{k}].{exc.field}", exc.reason) from None  # which of the batch
+            if first is not None:  # a repeat of a submission: its first job answers
+                ids.append(first.id)
+                continue
             if not job.submit_time:
                 job = replace(job, submit_time=now)
             new.append(self._group_interner.intern(job))
@@ -185,6 +177,27 @@ class Dispatcher:
         for job in new:
             self._register(job, [PENDING] * job.total_replicas)
         return ids
+
+    def _check_new(self, job: Job, batch_subs: dict[str, Job], batch_ids: set[str]) -> Job | None:
+        """SpecError unless `job` may be taken: valid, and its id new (here and in the batch so
+        far). A repeat of a submission id returns the job first submitted under it."""
+        self._validate(job)
+        sid = job.submission_id
+        if sid:
+            first = batch_subs.get(sid) or self._submitted_as(sid)
+            if first is not None:
+                if not same_request(job, first):
+                    raise SpecError(
+                        "submission_id",
+                        f"{sid!r} was first used for job {first.id} with another spec: a retry "
+                        "must repeat that request (a new job needs a new submission id)",
+                    )
+                return first
+            batch_subs[sid] = job
+        if job.id in self or job.id in batch_ids:  # active, kept apart, or retained
+            raise SpecError("id", f"job id {job.id!r} already exists")
+        batch_ids.add(job.id)
+        return None
 
     def _submitted_as(self, submission_id: str) -> Job | None:
         """The job first submitted under `submission_id`, if any (in memory, or in the store only)."""

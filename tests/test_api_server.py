@@ -358,6 +358,9 @@ def test_unavailable_admission_and_restart(tmp_path: Path) -> None:
                 client.submit(too_big(id="refused"))
             with pytest.raises(errors.AlreadyExists):
                 client.submit(too_big(id="held"))
+            with pytest.raises(errors.AlreadyExists) as err:  # in a batch: which one, by position
+                client.submit_many([too_big(id="new"), too_big(id="held")])
+            assert err.value.message.startswith("jobs[1].id: ")
             handle.service.stop()  # the scheduler is gone, the gRPC server still answers
             with pytest.raises(errors.Unavailable):
                 client.get(first)

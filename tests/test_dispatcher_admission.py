@@ -185,5 +185,10 @@ def test_reused_job_id_without_matching_submission_is_a_spec_error():
     with pytest.raises(SpecError) as err:
         d.submit(job("a"))
     assert err.value.field == "id"
-    with pytest.raises(SpecError):
-        d.submit_many([job("x"), job("x")])
+    with pytest.raises(SpecError, match="already exists") as err:
+        d.submit_many([job("x"), job("y"), job("x")])
+    assert err.value.field == "jobs[2].id"  # which job of the batch
+    with pytest.raises(SpecError) as err:
+        d.submit_many([job("z"), job("a")])
+    assert err.value.field == "jobs[1].id"
+    assert "x" not in d and "z" not in d  # all or none
