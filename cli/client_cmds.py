@@ -222,9 +222,21 @@ def logs(
     """Print a task's output as the master keeps it, byte for byte."""
     sink = typer.get_binary_stream("stdout")
     with _client(master) as client:
-        for data in client.logs(job, task, stream="stderr" if stderr else "stdout", follow=follow):
-            sink.write(data)
-            sink.flush()  # as it comes: someone may be watching
+        wrote = False
+        try:
+            for data in client.logs(job, task, stream="stderr" if stderr else "stdout", follow=follow):
+                wrote = True
+                sink.write(data)
+                sink.flush()  # as it comes: someone may be watching
+        except InvalidArgument as exc:
+            if exc.field != "task_index":
+                raise
+            raise CliError(
+                f"--task: {exc.message.partition(': ')[2]}"
+            ) from None  # the flag, not the RPC's field
+        if not wrote:  # say why there is nothing, on stderr: stdout stays the output alone
+            state = client.get(job).tasks[task].state.value
+            typer.echo(f"no output from task {task} of {job} (it is {state})", err=True)
 
 
 # == cluster =======================================================================================

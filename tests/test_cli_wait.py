@@ -123,9 +123,11 @@ def test_logs_print_the_tasks_output_byte_for_byte(
     assert shown.exit_code == 0, shown.output
     assert shown.stdout_bytes == out
     assert run(server, "logs", job_id, "--task", "1", "--stderr").stdout_bytes == b"a warning\n"
-    assert run(server, "logs", job_id).stdout_bytes == b""  # task 0 printed nothing
+    quiet = run(server, "logs", job_id)
+    assert quiet.stdout_bytes == b""  # task 0 printed nothing, and stderr says so
+    assert f"no output from task 0 of {job_id} (it is succeeded)" in quiet.stderr
     beyond = run(server, "logs", job_id, "--task", "7")
-    assert beyond.exit_code == ExitCode.USAGE and "task_index" in beyond.stderr
+    assert beyond.exit_code == ExitCode.USAGE and beyond.stderr.startswith("error: --task: ")
 
 
 def test_logs_follow_until_the_task_ends(server: ServerHandle, client: Client, logs: LogStore) -> None:
