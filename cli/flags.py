@@ -2,6 +2,7 @@
 and before the command starts anything (the same convention as cli/main.py's bench and replay)."""
 
 import math
+from collections.abc import Sequence
 from typing import NoReturn
 
 import typer
@@ -36,3 +37,13 @@ def check_positive(flag: str, value: float) -> None:
 def check_count(flag: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise FlagError(flag, f"must be >= {minimum}, got {value}")
+
+
+def choose(flag: str, text: str, known: Sequence[str], what: str) -> list[str]:
+    """A comma-separated list of names out of `known` ("all": every one), none unknown, not empty."""
+    names = list(known) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        found = f"unknown {what} {', '.join(unknown)}" if unknown else f"no {what} in {text!r}"
+        raise FlagError(flag, f"{found} (known: {', '.join(known)}, or all)")
+    return names

@@ -12,7 +12,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import typer
 
 from gosched.cli import agent_cmd, client_cmds, master_cmds
-from gosched.cli.flags import FlagError, check_count, check_positive, refuse
+from gosched.cli.flags import FlagError, check_count, check_positive, choose, refuse
 
 if TYPE_CHECKING:
     from gosched.bench.runner import RunResult
@@ -91,16 +91,7 @@ def bench(
         counts = _parse_shards(shards)
         fixed_rate = _parse_rate(rate, in_process)
         chosen_profiles = profiles(profile)
-        names = (
-            list(WORKLOADS) if workload == "all" else [w.strip() for w in workload.split(",") if w.strip()]
-        )
-        unknown = [n for n in names if n not in WORKLOADS]
-        if unknown or not names:
-            raise FlagError(
-                "--workload",
-                (f"unknown workload {', '.join(unknown)}" if unknown else f"no workload in {workload!r}")
-                + f" (known: {', '.join(WORKLOADS)}, or all)",
-            )
+        names = choose("--workload", workload, list(WORKLOADS), "workload")
     except ValueError as exc:
         refuse(exc)
     # Each run builds its Settings from these flags: a bad one is reported here, before any runs.
@@ -249,16 +240,7 @@ def replay(
     # The flags first, so that a bad one is named even where the trace is missing.
     try:
         check_count("--seeds", seeds, 1)
-        chosen = (
-            list(POLICIES) if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
-        )
-        unknown = [p for p in chosen if p not in POLICIES]
-        if unknown or not chosen:
-            raise FlagError(
-                "--policies",
-                (f"unknown policy {', '.join(unknown)}" if unknown else f"no policy in {policies!r}")
-                + f" (known: {', '.join(POLICIES)}, or all)",
-            )
+        chosen = choose("--policies", policies, list(POLICIES), "policy")
         if runtime not in ("ray", "local"):
             raise FlagError("--runtime", f"must be ray or local, not {runtime!r}")
         check_positive("--compress", compress)
