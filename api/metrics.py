@@ -68,6 +68,25 @@ class SchedulerMetrics:
         nodes.add_metric(["true"], status.schedulable_nodes)
         nodes.add_metric(["false"], status.nodes - status.schedulable_nodes)
         yield nodes
+        # Capacity of all live nodes, of the schedulable ones, and what tasks hold: the cluster's fill.
+        st = status
+        for name, what, scale, total, schedulable, used in (
+            (
+                "gosched_cpu_cores",
+                "CPU cores",
+                1000,
+                st.cpu_milli,
+                st.schedulable_cpu_milli,
+                st.cpu_used_milli,
+            ),
+            ("gosched_memory_bytes", "Memory", 1, st.memory, st.schedulable_memory, st.memory_used),
+            ("gosched_gpus", "GPUs", 1000, st.gpu_milli, st.schedulable_gpu_milli, st.gpu_used_milli),
+        ):
+            family = GaugeMetricFamily(name, f"{what} of the live nodes, by kind", labels=["kind"])
+            family.add_metric(["capacity"], total / scale)
+            family.add_metric(["schedulable"], schedulable / scale)
+            family.add_metric(["used"], used / scale)
+            yield family
         share = GaugeMetricFamily(
             "gosched_queue_share",
             "Dominant share of the cluster held + in flight per queue",

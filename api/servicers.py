@@ -313,4 +313,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
             binder_conflicts=s.binder_conflicts,
             binder_version=s.binder_version,
             shards=s.shards,
+            schedulable_cpu_milli=s.schedulable_cpu_milli,
+            schedulable_memory=s.schedulable_memory,
+            schedulable_gpu_milli=s.schedulable_gpu_milli,
         )

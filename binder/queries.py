@@ -101,15 +101,16 @@ def cluster_usage(binder: Binder) -> dict[str, int]:
     a = binder.state
     rows = np.asarray(a.live_rows(), dtype=np.int64)
     totals = a.totals()
-    if rows.size == 0:
-        used = {"cpu_used_milli": 0, "memory_used": 0, "gpu_used_milli": 0, "schedulable_nodes": 0}
-    else:
-        used = {
-            "cpu_used_milli": int(a.cpu_used[rows].sum()),
-            "memory_used": int(a.mem_used[rows].sum()),
-            "gpu_used_milli": int(a.gpu_used_total[rows].sum()),
-            "schedulable_nodes": int(a.schedulable[rows].sum()),
-        }
+    ready = rows[a.schedulable[rows]] if rows.size else rows
+    used = {
+        "cpu_used_milli": int(a.cpu_used[rows].sum()),
+        "memory_used": int(a.mem_used[rows].sum()),
+        "gpu_used_milli": int(a.gpu_used_total[rows].sum()),
+        "schedulable_nodes": int(ready.size),
+        "schedulable_cpu_milli": int(a.cpu_cap[ready].sum()),
+        "schedulable_memory": int(a.mem_cap[ready].sum()),
+        "schedulable_gpu_milli": int(a.gpu_count[ready].sum()) * GPU_MILLI,
+    }
     return {
         "nodes": int(rows.size),
         "cpu_milli": totals["cpu"],

@@ -288,9 +288,16 @@ def status_view(s: Mapping[str, Any]) -> str:
         [
             ("Ready", "yes"),
             ("Nodes", f"{s['nodes']} ({s['schedulable_nodes']} schedulable)"),
-            ("CPU", f"{h.cores(s['cpu_used_milli'])}/{h.cores(s['cpu_milli'])} cores"),
-            ("Memory", f"{h.memory(s['memory_used'])}/{h.memory(s['memory'])}"),
-            ("GPU", f"{h.gpus(s['gpu_used_milli'])}/{h.gpus(s['gpu_milli'])}"),
+            (
+                "CPU",
+                f"{h.cores(s['cpu_used_milli'])}/{h.cores(s['cpu_milli'])} cores"
+                + _on_ready(s, "cpu", h.cores),
+            ),
+            (
+                "Memory",
+                f"{h.memory(s['memory_used'])}/{h.memory(s['memory'])}" + _on_ready(s, "memory", h.memory),
+            ),
+            ("GPU", f"{h.gpus(s['gpu_used_milli'])}/{h.gpus(s['gpu_milli'])}" + _on_ready(s, "gpu", h.gpus)),
             ("Jobs", f"{s['active_jobs']} active, {s['pending_jobs']} pending"),
             ("Shards", str(s["shards"])),
             ("Rounds", str(s["rounds"])),
@@ -298,6 +305,13 @@ def status_view(s: Mapping[str, Any]) -> str:
             ("Conflicts", str(s["binder_conflicts"])),
         ]
     )
+
+
+def _on_ready(s: Mapping[str, Any], resource: str, show: Callable[[int], str]) -> str:
+    """How much of a total is on schedulable nodes, where some nodes are not."""
+    key = {"cpu": "cpu_milli", "memory": "memory", "gpu": "gpu_milli"}[resource]
+    ready = s.get(f"schedulable_{key}", s[key])
+    return "" if ready == s[key] else f" ({show(ready)} on schedulable nodes)"
 
 
 def node_line(n: NodeInfo) -> str:

@@ -41,6 +41,10 @@ class Counters:
     memory_used: int = 0
     gpu_milli: int = 0
     gpu_used_milli: int = 0
+    # Capacity of the schedulable nodes alone (ready: not cordoned, draining or lost).
+    schedulable_cpu_milli: int = 0
+    schedulable_memory: int = 0
+    schedulable_gpu_milli: int = 0
     active_jobs: int = 0
     pending_jobs: int = 0
     in_flight_units: int = 0

@@ -277,7 +277,10 @@ def test_nodes_get_and_cordon(client: Client) -> None:
     assert len(gpu.node.gpus) == 8 and gpu.node.gpus[0].model == "A100"
     assert client.cordon("sim-00001").state is NodeState.CORDONED
     assert [n.name for n in client.nodes(NodeState.CORDONED)] == ["sim-00001"]
-    assert client.status()["schedulable_nodes"] == 7
+    status = client.status()
+    assert status["schedulable_nodes"] == 7
+    # the cordoned node's capacity is in the total, not in what is schedulable
+    assert status["cpu_milli"] - status["schedulable_cpu_milli"] == client.node("sim-00001").node.cpu_milli
     assert client.cordon("sim-00001", uncordon=True).state is NodeState.READY
     assert client.drain("sim-00002").state is NodeState.DRAINING
     assert client.cordon("sim-00002", uncordon=True).state is NodeState.READY
@@ -329,10 +332,14 @@ def test_http_endpoints(server: ServerHandle, client: Client) -> None:
         "gosched_scheduling_rounds_total ",
         'gosched_bind_latency_seconds_bucket{le="+Inf"} ',
         'gosched_queue_share{queue="default"} ',
+        'gosched_cpu_cores{kind="capacity"} ',
+        'gosched_gpus{kind="schedulable"} 16.0',
     ):
         assert name in text, name
     bound = next(line for line in text.splitlines() if line.startswith("gosched_bound_tasks_total "))
     assert float(bound.split()[1]) >= 1
+    gpus = next(line for line in text.splitlines() if line.startswith('gosched_gpus{kind="used"} '))
+    assert float(gpus.split()[1]) >= 1  # the running task's GPU
 
 
 def test_http_head_answers_like_get_without_a_body(server: ServerHandle) -> None:

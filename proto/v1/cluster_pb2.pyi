@@ -84,7 +84,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("ready", "nodes", "schedulable_nodes", "cpu_milli", "cpu_used_milli", "memory", "memory_used", "gpu_milli", "gpu_used_milli", "active_jobs", "pending_jobs", "in_flight_units", "rounds", "bound_tasks", "binder_conflicts", "binder_version", "shards")
+    __slots__ = ("ready", "nodes", "schedulable_nodes", "cpu_milli", "cpu_used_milli", "memory", "memory_used", "gpu_milli", "gpu_used_milli", "active_jobs", "pending_jobs", "in_flight_units", "rounds", "bound_tasks", "binder_conflicts", "binder_version", "shards", "schedulable_cpu_milli", "schedulable_memory", "schedulable_gpu_milli")
     READY_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULABLE_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,9 @@ class ClusterStatus(_message.Message):
     BINDER_CONFLICTS_FIELD_NUMBER: _ClassVar[int]
     BINDER_VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_GPU_MILLI_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     nodes: int
     schedulable_nodes: int
@@ -119,4 +122,7 @@ class ClusterStatus(_message.Message):
     binder_conflicts: int
     binder_version: int
     shards: int
-    def __init__(self, ready: _Optional[bool] = ..., nodes: _Optional[int] = ..., schedulable_nodes: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., cpu_used_milli: _Optional[int] = ..., memory: _Optional[int] = ..., memory_used: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., gpu_used_milli: _Optional[int] = ..., active_jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., in_flight_units: _Optional[int] = ..., rounds: _Optional[int] = ..., bound_tasks: _Optional[int] = ..., binder_conflicts: _Optional[int] = ..., binder_version: _Optional[int] = ..., shards: _Optional[int] = ...) -> None: ...
+    schedulable_cpu_milli: int
+    schedulable_memory: int
+    schedulable_gpu_milli: int
+    def __init__(self, ready: _Optional[bool] = ..., nodes: _Optional[int] = ..., schedulable_nodes: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., cpu_used_milli: _Optional[int] = ..., memory: _Optional[int] = ..., memory_used: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., gpu_used_milli: _Optional[int] = ..., active_jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., in_flight_units: _Optional[int] = ..., rounds: _Optional[int] = ..., bound_tasks: _Optional[int] = ..., binder_conflicts: _Optional[int] = ..., binder_version: _Optional[int] = ..., shards: _Optional[int] = ..., schedulable_cpu_milli: _Optional[int] = ..., schedulable_memory: _Optional[int] = ..., schedulable_gpu_milli: _Optional[int] = ...) -> None: ...
