@@ -128,6 +128,11 @@ MAX_MEMORY = 2**50  # 1 PiB
 MAX_GPU_MEMORY = 2**40  # 1 TiB per GPU
 MAX_EXTENDED = 10**15
 MAX_TEXT_LEN = 1024  # GPU model names, uuids
+# What exec() takes on Linux: one argument or NAME=value at most 32 pages with its NUL
+# (MAX_ARG_STRLEN), and all of them with the agent's own variables under ARG_MAX (2 MiB by
+# default): a task past them could never start, so the spec is refused instead.
+MAX_ARG_BYTES = 32 * 4096 - 1
+MAX_ARGV_ENV_BYTES = 1024 * 1024
 MIB = 2**20
 MAX_CLOCK_SKEW_S = 60.0  # how far ahead of the server's clock a client's submit_time may be
 
@@ -531,7 +536,18 @@ def _command(value: object, path: str) -> tuple[str, ...]:
         argv = [_str(arg, _item(path, i)) for i, arg in enumerate(_list(value, path))]
     if not argv or not argv[0]:
         _fail(path, "must not be empty: give the program to run")
+    for i, arg in enumerate(argv):
+        _within_exec_limit(arg, _item(path, i) if not isinstance(value, str) else path)
     return tuple(argv)
+
+
+def _within_exec_limit(text: str, path: str) -> None:
+    size = len(text.encode())
+    if size > MAX_ARG_BYTES:
+        _fail(
+            path,
+            f"{size} bytes: one argument or variable may be at most {MAX_ARG_BYTES} (Linux's exec limit)",
+        )
 
 
 def _image(value: object, path: str) -> str:
@@ -551,6 +567,7 @@ def _env(value: object, path: str) -> tuple[tuple[str, str], ...]:
         if not _ENV_NAME.fullmatch(name):
             _fail(where, f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         pairs.append((name, _str(text, where)))
+        _within_exec_limit(f"{name}={pairs[-1][1]}", where)
     return tuple(sorted(pairs))
 
 
@@ -659,12 +676,17 @@ def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
     required, preferred = (
         _affinity(spec["affinity"], _at(path, "affinity")) if "affinity" in spec else ((), ())
     )
+    command = _command(spec.get("command", _MISSING), _at(path, "command"))
+    env = _env(spec.get("env", {}), _at(path, "env"))
+    size = sum(len(a.encode()) + 1 for a in command) + sum(len(n) + len(v.encode()) + 2 for n, v in env)
+    if size > MAX_ARGV_ENV_BYTES:
+        _fail(_at(path, "command"), f"command and env take {size} bytes; at most {MAX_ARGV_ENV_BYTES}")
     return TaskGroup(
         role=_label_name(spec.get("role", "main"), _at(path, "role")),
         replicas=_int(spec.get("replicas", 1), _at(path, "replicas"), 1, MAX_REPLICAS),
         resources=_resources(spec, path),
-        command=_command(spec.get("command", _MISSING), _at(path, "command")),
-        env=_env(spec.get("env", {}), _at(path, "env")),
+        command=command,
+        env=env,
         gpu_models=_gpu_models(spec.get("gpu_models", []), _at(path, "gpu_models")),
         node_selector=_labels(spec.get("node_selector", {}), _at(path, "node_selector")),
         required_affinity=required,

@@ -155,6 +155,15 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     ("role-empty", group(role=""), "groups[0].role", "must not be empty"),
     ("replicas-zero", group(replicas=0), "groups[0].replicas", "must be >= 1, got 0"),
     ("replicas-huge", group(replicas=100_001), "groups[0].replicas", "must be <= 100000"),
+    ("arg-past-exec", group(command=["echo", "x" * 131_072]), "groups[0].command[1]", "at most 131071"),
+    ("string-past-exec", group(command="echo " + "x" * 131_072), "groups[0].command", "Linux's exec limit"),
+    ("env-past-exec", group(env={"BIG": "x" * 131_068}), "groups[0].env['BIG']", "at most 131071"),
+    (
+        "argv-and-env-past-exec",
+        group(command=["echo", *["x" * 100_000] * 11]),
+        "groups[0].command",
+        "at most 1048576",
+    ),
     (
         "tasks-over-the-job-limit",
         {
