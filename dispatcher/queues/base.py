@@ -3,9 +3,15 @@
 A queue holds entries (the dispatcher's per-job records); each policy decides which comes next.
 Entries are removed lazily: `remove` forgets the job at once and the heap drops the stale item
 when it surfaces, so every operation is O(log n).
+
+Most entries arrive in policy order (jobs are submitted in sequence; FIFO's key is that
+sequence): an entry whose key is not below the last one's goes to a sorted run, a deque taken
+from the left in O(1), and only entries that arrive out of order (a retry of an older job, a
+higher priority) go to the heap. The next entry is the smaller of the two heads.
 """
 
 import heapq
+from collections import deque
 from typing import Any, Generic, Protocol, TypeVar
 
 from gosched.common.job import Job
@@ -50,12 +56,13 @@ class PolicyQueue(Protocol[E]):
 class HeapQueue(Generic[E]):
     """A min-heap on `key(entry)` with lazy removal; subclasses define `key`."""
 
-    __slots__ = ("_heap", "_members", "_stale", "_token")
+    __slots__ = ("_heap", "_members", "_run", "_stale", "_token")
 
     def __init__(self) -> None:
         # items: (key, token, entry); the token is unique, so entries are never compared.
         self._heap: list[tuple[Any, int, E]] = []
-        self._members: dict[str, int] = {}  # job id -> token of its live heap item
+        self._run: deque[tuple[Any, int, E]] = deque()  # items pushed in ascending order
+        self._members: dict[str, int] = {}  # job id -> token of its live item
         self._token = 0
         self._stale = 0
 
@@ -67,23 +74,40 @@ class HeapQueue(Generic[E]):
         if self._members.get(entry.job_id) is not None:
             self._stale += 1
         self._members[entry.job_id] = self._token
-        heapq.heappush(self._heap, (self.key(entry), self._token, entry))
+        item = (self.key(entry), self._token, entry)
+        run = self._run
+        if not run or run[-1][0] <= item[0]:  # equal keys: the newer token sorts after
+            run.append(item)
+        else:
+            heapq.heappush(self._heap, item)
 
-    def peek(self) -> E | None:
-        heap, members = self._heap, self._members
-        while heap:
-            _, token, entry = heap[0]
-            if members.get(entry.job_id) == token:
-                return entry
+    def _head(self) -> tuple[Any, int, E] | None:
+        """The next live item (stale ones at either head are dropped on the way), or None."""
+        heap, run, members = self._heap, self._run, self._members
+        while heap and members.get(heap[0][2].job_id) != heap[0][1]:
             heapq.heappop(heap)
             self._stale -= 1
-        return None
+        while run and members.get(run[0][2].job_id) != run[0][1]:
+            run.popleft()
+            self._stale -= 1
+        if heap and (not run or heap[0] < run[0]):  # unique tokens: the entries are never compared
+            return heap[0]
+        return run[0] if run else None
+
+    def peek(self) -> E | None:
+        item = self._head()
+        return None if item is None else item[2]
 
     def pop(self) -> E | None:
-        entry = self.peek()
-        if entry is not None:
+        item = self._head()
+        if item is None:
+            return None
+        if self._run and self._run[0] is item:
+            self._run.popleft()
+        else:
             heapq.heappop(self._heap)
-            del self._members[entry.job_id]
+        entry = item[2]
+        del self._members[entry.job_id]
         return entry
 
     def remove(self, job_id: str) -> bool:
@@ -98,6 +122,7 @@ class HeapQueue(Generic[E]):
         members = self._members
         self._heap = [item for item in self._heap if members.get(item[2].job_id) == item[1]]
         heapq.heapify(self._heap)
+        self._run = deque(item for item in self._run if members.get(item[2].job_id) == item[1])
         self._stale = 0
 
     def __len__(self) -> int:
