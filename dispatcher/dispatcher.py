@@ -458,7 +458,7 @@ class Dispatcher:
                 if not rec.unsched:
                     rec.failures = 0
                 self._resolve(rec, now, backoff=rec.unsched)
-            if not rec.pending_indexes():
+            if not rec.n_pending:
                 # Every task is placed: the reasons of earlier attempts no longer say anything.
                 rec.note, rec.diagnosis = "", None
         for rej in reply.rejected:
@@ -488,7 +488,7 @@ class Dispatcher:
         updates: Updates = []
         for item in items:
             rec = self._jobs.get(item.job_id)
-            if rec is None or not (rec.n_scheduled or rec.pending_indexes()):
+            if rec is None or not (rec.n_scheduled or rec.n_pending):
                 continue  # gone, or placed whole by a later attempt: this verdict is stale
             rec.diagnosis = item.diagnosis
             if item.attempt != rec.attempt:
