@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from gosched.common.config import Settings
+from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.messages import BindReply, QueueFloor, Unit, UnitBatch, Unschedulable
@@ -75,6 +75,7 @@ assert SCHEDULED in LEGAL[PENDING]
 # shard) is not written: a restart turns it back into PENDING anyway, so the row that says pending
 # until the binder's commit is already right, and the write per dispatch would buy nothing.
 PERSISTED = frozenset({PENDING, CANCELLED})
+FENCED_POLICIES = frozenset({QueuePolicy.DRF, QueuePolicy.FAIR})
 
 Updates = list[tuple[str, TaskState]]
 # The park epoch of a verdict that will not hold: no cluster epoch equals it, so the job is retried
@@ -106,6 +107,9 @@ class Dispatcher:
         self.capacity = CapacityPlanner(settings.queues)
         self._queue_index = {q.name: i for i, q in enumerate(settings.queues)}
         self._queues: list[PolicyQueue[JobRecord]] = [make_queue(q, self.usage) for q in settings.queues]
+        # Queues whose order is by current usage (DRF across tenants, weighted fair share): past the
+        # free room, their next unit waits for those in flight (see next_batches).
+        self._fenced = [q.policy in FENCED_POLICIES for q in settings.queues]
         self._jobs: dict[str, JobRecord] = {}
         self._finished: dict[str, FinishedJob] = {}  # oldest first
         # Restored jobs of queues no longer configured: shown and cancellable, never scheduled
@@ -271,6 +275,8 @@ class Dispatcher:
         blocked = [False] * nq
         enforce_max = usage.has_capacity
         capped, shares_matter = cap.capped, cap.shares_matter
+        fenced = self._fenced if usage.has_capacity and any(self._fenced) else None
+        free = usage.unclaimed() if fenced is not None else []
         store = self.store
         updates: Updates = []
         n = 0
@@ -321,6 +327,12 @@ class Dispatcher:
                         continue
                     idx = part  # the rest of the job waits for a later unit
                     cpu, mem, gpu = rec.cost_of(idx)
+            if fenced is not None and fenced[best] and self._inflight and not _fits((cpu, mem, gpu), free):
+                # Past the free room the units in flight race: shards plan the same room, and the
+                # first to commit wins, whatever the tenants' shares. The next unit of a fairness
+                # queue waits for their answers, so the room goes in the queue's order.
+                blocked[best] = True
+                continue
             pq.pop()
             reclaim = NO_RECLAIM
             if cap.below_guarantee(best, shares[best]):
@@ -339,6 +351,8 @@ class Dispatcher:
             if s == rec.last_shard and heap and heap[0][0] == load:
                 load, s = heapq.heapreplace(heap, (load, s))
             unit = self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, floors[best], now, updates)
+            if fenced is not None:
+                free = [free[0] - cpu, free[1] - mem, free[2] - gpu]
             batches[s].append(unit)
             if len(batches[s]) < per_shard_cap:
                 heapq.heappush(heap, (load + 1, s))
@@ -1070,3 +1084,7 @@ def same_request(job: Job, first: Job) -> bool:
     """`job` repeats the request that submitted `first`: the same spec, whatever id was generated
     for each, when each was stamped, or where a relative deadline ("in 2h") put each one."""
     return replace(job, id=first.id, submit_time=first.submit_time, deadline=first.deadline) == first
+
+
+def _fits(demand: tuple[int, int, int], free: list[int]) -> bool:
+    return all(x <= f for x, f in zip(demand, free, strict=True) if x)

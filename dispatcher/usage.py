@@ -143,6 +143,14 @@ class UsageTracker:
         v = np.asarray(vec, np.float64)
         return float((v * np.array(self._inv, np.float64)).max(initial=0.0))
 
+    def unclaimed(self) -> list[int]:
+        """The cluster capacity less what every queue holds and has in flight: cpu, memory, gpu."""
+        free = list(self._cap)
+        for row in self._queues.values():
+            for i in range(3):
+                free[i] -= row[i] + row[i + 3]
+        return free
+
     def queue_share(self, queue: str) -> float:
         """Dominant share of the queue, held + in-flight."""
         row = self._queues.get(queue)

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gosched.common.config import ProfileConfig, QueueConfig, QueuePolicy, Settings
 from gosched.common.job import Job
@@ -203,3 +204,36 @@ def test_restart_keeps_every_job_and_schedules_the_pending(tmp_path: Path) -> No
     q.complete(["j0/0", "j1/0"])
     q.run_until_idle(wait_backoff=True)
     assert all(q.dispatcher.task_states(f"j{i}")[0] != TaskState.PENDING for i in range(6))
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+@pytest.mark.parametrize(
+    ("policy", "weights", "gpu_nodes", "want"),
+    [
+        (QueuePolicy.DRF, {}, 1, {"alice": 4, "bob": 4}),
+        (QueuePolicy.DRF, {}, 4, {"alice": 16, "bob": 16}),
+        (QueuePolicy.FAIR, {"alice": 3.0, "bob": 1.0}, 1, {"alice": 6, "bob": 2}),
+    ],
+)
+def test_a_fairness_queue_splits_scarce_room_by_its_order_whatever_the_shards(
+    tmp_path: Path, shards: int, policy: QueuePolicy, weights: dict[str, float], gpu_nodes: int, want: dict
+) -> None:
+    """Twice as many one-GPU jobs as GPUs, alternating tenants in the queue's order. Units past
+    the free room used to go out anyway, alternating shards: one shard got one tenant's jobs, the
+    other the other's, both planned the same GPUs, and the first to commit took them all."""
+    nodes = [make_node(f"g{i}").cpu("64").mem("256Gi").gpus(8).build() for i in range(gpu_nodes)]
+    queue = QueueConfig(name="q", policy=policy, tenant_weights=weights)
+    p = pipeline(tmp_path, nodes, shards=shards, queues=[QueueConfig(name="default"), queue])
+    per_tenant = 16 * gpu_nodes
+    p.submit_many(
+        [
+            make_job(f"{t}{i}").cpu("1").gpus(1).queue("q").tenant(t).build()
+            for t in ("alice", "bob")
+            for i in range(per_tenant)
+        ]
+    )
+    p.run_until_idle()
+    running: dict[str, int] = {}
+    for t in ("alice", "bob"):
+        running[t] = sum(p.dispatcher.job_state(f"{t}{i}") is JobState.RUNNING for i in range(per_tenant))
+    assert running == want
