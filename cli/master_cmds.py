@@ -28,8 +28,8 @@ SimSecondsOpt = Annotated[
 ]
 
 
-def _settings(config: str | None, **overrides: Any) -> Settings:
-    return settings_or_exit(lambda: checked_settings(config, **overrides))
+def _settings(config: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
+    return settings_or_exit(lambda: checked_settings(config, defaults=defaults, **overrides))
 
 
 def settings_or_exit(build: Callable[[], Settings]) -> Settings:
@@ -48,12 +48,14 @@ def flag_settings(**flags: Any) -> Settings:
     return settings_or_exit(lambda: Settings(**flags))
 
 
-def checked_settings(config: str | None, **overrides: Any) -> Settings:
+def checked_settings(
+    config: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any
+) -> Settings:
     """load_settings, and the profile's plugin names checked against the registry (the config
     model itself cannot know them: plugins live in the shard's package)."""
     from gosched.scheduler_shard.framework.profile import check_profile
 
-    settings = load_settings(config, **overrides)
+    settings = load_settings(config, defaults=defaults, **overrides)
     check_profile(settings.profile)
     return settings
 
@@ -152,12 +154,13 @@ def master(
         handle.stop()
 
 
+UP_SHARDS = 4  # the embedded default shows several shards at work
 SAMPLE_SCRIPT = "echo hello from gosched on $(hostname); echo GPUs: ${CUDA_VISIBLE_DEVICES:-none}"
 
 
 def up(
     config: ConfigOpt = None,
-    shards: ShardsOpt = 4,
+    shards: ShardsOpt = None,
     store: StoreOpt = None,
     grpc_port: GrpcOpt = None,
     http_port: HttpOpt = None,
@@ -176,8 +179,10 @@ def up(
     root.mkdir(parents=True, exist_ok=True)
     settings = _settings(
         config,
+        # up's own defaults: below the config file and GOSCHED_* env, which a flag overrides
+        defaults={"shards": UP_SHARDS, "store_path": str(root / "gosched.db")},
         shards=shards,
-        store_path=store or str(root / "gosched.db"),
+        store_path=store,
         grpc_port=grpc_port,
         http_port=http_port,
         runtime="ray",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 # Queue, tenant and role names: lower-case DNS-label-like words.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
@@ -196,8 +196,11 @@ class Settings(BaseSettings):
         return (init_settings, env_settings)
 
 
-def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Load settings from an optional YAML file (or $GOSCHED_CONFIG), env vars, and flag overrides."""
+def load_settings(
+    path: str | Path | None = None, *, defaults: dict[str, Any] | None = None, **overrides: Any
+) -> Settings:
+    """Load settings from an optional YAML file (or $GOSCHED_CONFIG), env vars, and flag overrides,
+    over a command's own `defaults` (below the file: `gosched up` runs 4 shards unless told)."""
     file_values: dict[str, Any] = {}
     source = path or os.environ.get("GOSCHED_CONFIG")
     if source:
@@ -209,8 +212,10 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         if not isinstance(loaded, dict):
             raise ValueError(f"{source}: the config file must hold a mapping at the top level")
         file_values = loaded
-    env_values = Settings().model_dump(exclude_unset=True) if _env_has_settings() else {}
-    merged = _deep_merge(file_values, env_values)
+    # The env's raw values, checked once merged: checked alone, against the defaults, a pair
+    # such as node_timeout_s and the file's heartbeat_interval_s would be judged apart.
+    env_values = EnvSettingsSource(Settings)() if _env_has_settings() else {}
+    merged = _deep_merge(_deep_merge(defaults or {}, file_values), env_values)
     merged = _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
     return Settings(**merged)
 

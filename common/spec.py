@@ -790,7 +790,8 @@ def job_from_spec(
 
     queue = _queue_name(root.get("queue", "default"), "queue")
     if known_queues is not None and queue not in known_queues:
-        _fail("queue", f"unknown queue {queue!r} (known: {', '.join(sorted(known_queues))})")
+        unnamed = "" if "queue" in root else ": the job names none, and this master has no queue 'default'"
+        _fail("queue", f"unknown queue {queue!r}{unnamed} (known: {', '.join(sorted(known_queues))})")
     total = sum(g.replicas for g in groups)
     if total > MAX_TASKS_PER_JOB:
         _fail("groups", f"{total} tasks in all; a job holds at most {MAX_TASKS_PER_JOB} (split it into jobs)")

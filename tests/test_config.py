@@ -100,3 +100,34 @@ def test_an_empty_queue_list_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["config", "show", "-c", str(path)])
     assert result.exit_code == 2, result.output
     assert "invalid configuration" in result.stderr and "at least one queue" in result.stderr
+
+
+def test_env_values_are_checked_with_the_files_not_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node_timeout_s must be at least twice heartbeat_interval_s: an env value is judged against
+    the file's other value, not against the default it would have on its own."""
+    path = tmp_path / "gosched.yaml"
+    path.write_text("heartbeat_interval_s: 0.2\n")
+    monkeypatch.setenv("GOSCHED_NODE_TIMEOUT_S", "1")
+    settings = load_settings(path)
+    assert (settings.heartbeat_interval_s, settings.node_timeout_s) == (0.2, 1.0)
+    monkeypatch.setenv("GOSCHED_NODE_TIMEOUT_S", "0.3")  # and still refused when the pair is wrong
+    with pytest.raises(ValueError, match="node_timeout_s"):
+        load_settings(path)
+
+
+def test_a_commands_defaults_sit_below_the_file_and_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gosched up runs 4 shards and keeps its store in its work dir, unless the file, the env or a
+    flag says otherwise."""
+    defaults = {"shards": 4, "store_path": "/work/dir/gosched.db"}
+    assert load_settings(None, defaults=defaults).shards == 4
+    path = tmp_path / "gosched.yaml"
+    path.write_text("shards: 3\nstore_path: /data/gs.db\n")
+    from_file = load_settings(path, defaults=defaults)
+    assert (from_file.shards, from_file.store_path) == (3, "/data/gs.db")
+    monkeypatch.setenv("GOSCHED_SHARDS", "6")
+    assert load_settings(path, defaults=defaults).shards == 6
+    assert load_settings(path, defaults=defaults, shards=2).shards == 2

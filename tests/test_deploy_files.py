@@ -17,7 +17,8 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 def test_example_config_loads() -> None:
     settings = load_settings(DEPLOY / "gosched.example.yaml")
     assert settings.shards == 8
-    assert [q.name for q in settings.queues] == ["prod", "research", "batch"]
+    # 'default' too: a job that names no queue goes there (without it every such job is refused)
+    assert [q.name for q in settings.queues] == ["prod", "research", "batch", "default"]
     assert settings.ray_address == "auto"
 
 

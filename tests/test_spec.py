@@ -835,6 +835,15 @@ def test_any_queue_without_known_queues() -> None:
     assert job_from_spec(spec(queue="anything")).queue == "anything"
 
 
+def test_a_job_naming_no_queue_on_a_master_without_default_is_told_why() -> None:
+    with pytest.raises(SpecError) as err:
+        job_from_spec(spec(), known_queues={"prod", "batch"}, now=NOW)
+    assert err.value.field == "queue"
+    assert (
+        "the job names none, and this master has no queue 'default' (known: batch, prod)" in err.value.reason
+    )
+
+
 def test_flat_form_equals_one_group_form() -> None:
     flat = {
         "id": "f",
