@@ -676,15 +676,19 @@ def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
     required, preferred = (
         _affinity(spec["affinity"], _at(path, "affinity")) if "affinity" in spec else ((), ())
     )
+    # In the order of the fields: the first bad one is the one reported.
+    role = _label_name(spec.get("role", "main"), _at(path, "role"))
+    replicas = _int(spec.get("replicas", 1), _at(path, "replicas"), 1, MAX_REPLICAS)
+    resources = _resources(spec, path)
     command = _command(spec.get("command", _MISSING), _at(path, "command"))
     env = _env(spec.get("env", {}), _at(path, "env"))
     size = sum(len(a.encode()) + 1 for a in command) + sum(len(n) + len(v.encode()) + 2 for n, v in env)
     if size > MAX_ARGV_ENV_BYTES:
         _fail(_at(path, "command"), f"command and env take {size} bytes; at most {MAX_ARGV_ENV_BYTES}")
     return TaskGroup(
-        role=_label_name(spec.get("role", "main"), _at(path, "role")),
-        replicas=_int(spec.get("replicas", 1), _at(path, "replicas"), 1, MAX_REPLICAS),
-        resources=_resources(spec, path),
+        role=role,
+        replicas=replicas,
+        resources=resources,
         command=command,
         env=env,
         gpu_models=_gpu_models(spec.get("gpu_models", []), _at(path, "gpu_models")),
