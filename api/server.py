@@ -190,7 +190,7 @@ def serve(
     host: str = "[::]",
     http_host: str = "0.0.0.0",
     store_path: str | Path | None = None,
-    max_workers: int = 512,
+    max_workers: int | None = None,
     wait_ready: bool = False,
     runtime: str = "local",
     ray_address: str | None = None,
@@ -204,7 +204,9 @@ def serve(
     Port 0 picks a free port (see the handle's ports); http_port None serves no HTTP endpoint.
     The health service says NOT_SERVING until the scheduler has restored its state, SERVING after.
     Every agent's stream, WatchJob and followed StreamLogs holds one of the `max_workers` threads
-    for as long as it lasts: size it for the agents and watchers expected. `runtime` "ray" runs
+    (settings.grpc_workers by default) for as long as it lasts: size it for the agents and
+    watchers expected. Watches and follows may take a quarter of them; more are refused
+    (RESOURCE_EXHAUSTED), so that a flood of watchers cannot starve the other calls. `runtime` "ray" runs
     the dispatcher, the binder and the shards as Ray actors (starting Ray, or joining
     `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
     the store). With `sim_task_seconds`, tasks on nodes without an agent run that long and succeed.
@@ -223,13 +225,15 @@ def serve(
     metrics = SchedulerMetrics(service)
     service.on_round = metrics.observe_round
 
+    workers = max_workers or settings.grpc_workers
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gosched-grpc"),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gosched-grpc"),
         options=SERVER_OPTIONS,
     )
     handle: ServerHandle | None = None
     try:
-        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(service, logs), server)
+        jobs = JobServicer(service, logs, max_streams=max(1, workers // 4))
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service, gateway), server)
         health_servicer = health.HealthServicer(experimental_non_blocking=True)

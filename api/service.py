@@ -49,6 +49,10 @@ class Unavailable(ServiceError):
     pass
 
 
+class Exhausted(ServiceError):
+    """A limit of the server's (open streams): retry later."""
+
+
 @dataclass(frozen=True, slots=True)
 class TaskView:
     id: str

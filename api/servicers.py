@@ -6,8 +6,10 @@ cancelling a finished job -> FAILED_PRECONDITION; any call before the scheduler 
 component restarts (ControlUnavailable) -> UNAVAILABLE.
 """
 
+import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -18,6 +20,7 @@ from gosched.api import convert
 from gosched.api.agents import AgentGateway
 from gosched.api.logs import STREAMS, LogStore
 from gosched.api.service import (
+    Exhausted,
     FailedPrecondition,
     JobView,
     NodeView,
@@ -52,6 +55,8 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, exc.reason
     if isinstance(exc, FailedPrecondition):
         return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    if isinstance(exc, Exhausted):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, Unavailable | ControlUnavailable):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     return None
@@ -130,9 +135,25 @@ def node_message(view: NodeView, agent: tuple[float, bool, str] = (-1.0, False, 
 
 # == servicers =====================================================================================
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, service: SchedulerService, logs: LogStore) -> None:
+    def __init__(self, service: SchedulerService, logs: LogStore, max_streams: int = 128) -> None:
         self.service = service
         self.logs = logs
+        self.max_streams = max_streams
+        self._streams = threading.BoundedSemaphore(max_streams)
+
+    @contextlib.contextmanager
+    def _stream_slot(self) -> Iterator[None]:
+        """A long stream (a watch, a followed log) holds a server thread while it lasts: past
+        max_streams of them, the next is refused, so that other calls still find threads."""
+        if not self._streams.acquire(blocking=False):
+            raise Exhausted(
+                f"{self.max_streams} watch and follow streams are open on this master: close some, "
+                "or retry later (grpc_workers sets the limit: a quarter of them)"
+            )
+        try:
+            yield
+        finally:
+            self._streams.release()
 
     @_mapped
     def SubmitJob(self, request: jobs_pb2.SubmitJobRequest, context: Any) -> jobs_pb2.SubmitJobResponse:
@@ -189,8 +210,9 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
     @_streamed
     def WatchJob(self, request: jobs_pb2.WatchJobRequest, context: Any) -> Iterator[jobs_pb2.JobEvent]:
-        for view in self.service.watch(request.job_id, context.is_active):
-            yield jobs_pb2.JobEvent(job=job_message(view), time=time.time())
+        with self._stream_slot():
+            for view in self.service.watch(request.job_id, context.is_active):
+                yield jobs_pb2.JobEvent(job=job_message(view), time=time.time())
 
     @_mapped
     def ExplainJob(self, request: jobs_pb2.ExplainJobRequest, context: Any) -> jobs_pb2.ExplainJobResponse:
@@ -209,7 +231,16 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         view = self.service.get(request.job_id)
         if not 0 <= request.task_index < len(view.tasks):
             raise SpecError("task_index", f"job {request.job_id!r} has tasks 0..{len(view.tasks) - 1}")
-        tid = view.tasks[request.task_index].id
+        chunks = self._log_chunks(request, view.tasks[request.task_index].id, stream, context)
+        if not request.follow:
+            yield from chunks
+            return
+        with self._stream_slot():
+            yield from chunks
+
+    def _log_chunks(
+        self, request: jobs_pb2.LogsRequest, tid: str, stream: str, context: Any
+    ) -> Iterator[pb.LogChunk]:
         offset = request.offset
         placed = False  # a pending task has not run yet: following waits for it to be placed
         while context.is_active():

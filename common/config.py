@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     ray_address: str | None = None  # join this Ray cluster; None: start a local one
     grpc_port: int = Field(default=9090, ge=0, le=65535)
     http_port: int = Field(default=8080, ge=0, le=65535)
+    # Threads serving gRPC. Each agent's stream, WatchJob and followed StreamLogs holds one while it
+    # lasts; watchers may take a quarter, so the calls and the agents always find one free.
+    grpc_workers: int = Field(default=512, ge=16, le=100_000)
     log_dir: str | None = None  # task output shipped by agents; None: beside the store
     heartbeat_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
     # An agent silent this long loses its node: not ready, its tasks queued again.

@@ -460,3 +460,31 @@ def test_a_second_master_cannot_open_the_same_store(tmp_path: Path) -> None:
     # Released on stop: the next master on the store starts.
     again = serve(_settings(store), (), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
     again.stop()
+
+
+def test_watchers_past_a_quarter_of_the_threads_are_refused_and_calls_still_answer(tmp_path: Path) -> None:
+    settings = _settings(tmp_path / "w.db", grpc_workers=16)  # 4 long streams at most
+    handle = serve(settings, sim_nodes(2), grpc_port=0, http_port=None, host="127.0.0.1")
+    try:
+        with Client(handle.target, timeout=10) as client:
+            client.wait_ready(timeout=10)
+            job_id = client.submit(too_big())  # never placed: a watch on it stays open
+            watches = [client.watch(job_id, timeout=30) for _ in range(4)]
+            for w in watches:
+                assert next(w).state is JobState.PENDING
+            with pytest.raises(errors.ResourceExhausted, match="4 watch and follow streams are open"):
+                next(client.watch(job_id, timeout=10))
+            assert client.status()["ready"]  # the other calls still find a thread
+            watches[0].close()  # a stream that ends gives its place back
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    assert next(client.watch(job_id, timeout=10)).state is JobState.PENDING
+                    break
+                except errors.ResourceExhausted:
+                    assert time.monotonic() < deadline, "the closed watch never gave its place back"
+                    time.sleep(0.1)
+            for w in watches[1:]:
+                w.close()
+    finally:
+        handle.stop()
