@@ -7,6 +7,7 @@ plugins live in the shard's package.
 """
 
 import enum
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +29,7 @@ class QueuePolicy(enum.StrEnum):
 
 
 class QueueConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
     policy: QueuePolicy = QueuePolicy.FIFO
@@ -52,13 +53,13 @@ class QueueConfig(BaseModel):
     @classmethod
     def _positive_weights(cls, v: dict[str, float]) -> dict[str, float]:
         for tenant, w in v.items():
-            if w <= 0:
-                raise ValueError(f"weight of tenant {tenant!r} must be > 0")
+            if not (math.isfinite(w) and w > 0):  # `w <= 0` alone lets NaN through
+                raise ValueError(f"weight of tenant {tenant!r} must be a finite number > 0, got {w}")
         return v
 
 
 class AdmissionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_pending_jobs: int = Field(default=1_000_000, ge=1)
     tenant_rate_per_s: float = Field(default=100_000.0, gt=0)  # token bucket refill
@@ -66,7 +67,7 @@ class AdmissionConfig(BaseModel):
 
 
 class PluginWeight(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     weight: float = Field(default=1.0, ge=0.0)
@@ -96,7 +97,7 @@ DEFAULT_SCORES = [
 class ProfileConfig(BaseModel):
     """A shard profile: plugins as plain lists of names (and weights for scores)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = "default"
     locating: list[str] = Field(default_factory=lambda: ["partition_first"])
@@ -123,7 +124,9 @@ MINIMAL_PROFILE = ProfileConfig(
 class Settings(BaseSettings):
     """Everything configurable. Sources, lowest first: defaults, YAML file, env (GOSCHED_*), flags."""
 
-    model_config = SettingsConfigDict(env_prefix="GOSCHED_", env_nested_delimiter="__", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="GOSCHED_", env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
+    )
 
     store_path: str = "gosched.db"
     shards: int = Field(default=2, ge=1, le=256)
@@ -169,6 +172,15 @@ class Settings(BaseSettings):
         total = sum(q.guarantee for q in self.queues)
         if total > 1.0 + 1e-9:
             raise ValueError(f"queues: guarantees add up to {total:.2f}, more than the whole cluster (1.0)")
+        return self
+
+    @model_validator(mode="after")
+    def _backoff_cap_above_base(self) -> "Settings":
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError(
+                f"retry_backoff_max_s ({self.retry_backoff_max_s}) is below retry_backoff_s "
+                f"({self.retry_backoff_s}): the cap would cut every backoff to it"
+            )
         return self
 
     @model_validator(mode="after")

@@ -131,3 +131,22 @@ def test_a_commands_defaults_sit_below_the_file_and_env(
     monkeypatch.setenv("GOSCHED_SHARDS", "6")
     assert load_settings(path, defaults=defaults).shards == 6
     assert load_settings(path, defaults=defaults, shards=2).shards == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        ("queues: [{name: default, policy: drf, tenant_weights: {alice: .nan}}]", "tenant_weights", "finite"),
+        ("queues: [{name: default, aging_per_s: .inf}]", "aging_per_s", "finite number"),
+        ("retry_backoff_s: .nan", "retry_backoff_s", "finite number"),
+        ("retry_backoff_s: 10\nretry_backoff_max_s: 1", "retry_backoff_max_s", "below retry_backoff_s"),
+    ],
+)
+def test_settings_that_could_never_work_are_refused_naming_the_field(
+    tmp_path: Path, text: str, field: str, reason: str
+) -> None:
+    path = tmp_path / "gosched.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError) as err:
+        load_settings(path)
+    assert field in str(err.value) and reason in str(err.value)
