@@ -67,6 +67,7 @@ class LocalControl:
     def lost(self, task_ids: Sequence[str]) -> None:
         released = self.pipeline.binder.lose(task_ids)
         self.pipeline.dispatcher.on_released(released, TaskState.PENDING)
+        self.pipeline.sync_shards()
 
     # -- nodes ------------------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> None:

@@ -117,10 +117,13 @@ class Pipeline:
         failure, why: `reasons` by task id)."""
         self.binder.release(task_ids, final.value)
         self.dispatcher.on_released(task_ids, final, reasons)
+        self.sync_shards()  # see the room now: a verdict on the old view would be trusted
 
     def cancel(self, job_id: str) -> None:
         holding = self.dispatcher.cancel(job_id)
         self.binder.cancel_job(job_id, holding)
+        if holding:
+            self.sync_shards()
 
     # -- scheduling rounds ----------------------------------------------------------------------
     def step(self) -> bool:

@@ -153,6 +153,8 @@ class RayControl:
     def cancel(self, job_id: str) -> None:
         holding: list[str] = ray.get(self.rs.dispatcher.cancel.remote(job_id))
         ray.get(self.rs.binder.cancel_job.remote(job_id, holding))
+        if holding:
+            self._resync_shards()
 
     @_answered()
     def explain(self, job_id: str) -> str:
@@ -175,11 +177,19 @@ class RayControl:
     ) -> None:
         ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
         ray.get(self.rs.dispatcher.on_released.remote(list(task_ids), final.value, dict(reasons or {})))
-        self._wake_shards()
+        self._resync_shards()
 
     def lost(self, task_ids: Sequence[str]) -> None:
         released: list[str] = ray.get(self.rs.binder.lose.remote(list(task_ids)))
         ray.get(self.rs.dispatcher.on_released.remote(released, TaskState.PENDING.value))
+        self._resync_shards()
+
+    def _resync_shards(self) -> None:
+        """Room was freed: each shard takes the binder's changes before its next round (no wait:
+        an actor's calls run in order). A unit planned on a view without the room would be found
+        unschedulable after the change, and the dispatcher trusts such a verdict until the next."""
+        for shard in self.rs.shards:
+            shard.sync.remote()
         self._wake_shards()
 
     # -- nodes ------------------------------------------------------------------------------------------
@@ -192,9 +202,7 @@ class RayControl:
         evict += untolerated(nodes, residents, lambda ids: self.jobs(ids, placements=False))
         if evict:
             self.lost(list(dict.fromkeys(evict)))
-        for shard in self.rs.shards:  # learn them now, not with the next reply (no wait: in order)
-            shard.sync.remote()
-        self._wake_shards()
+        self._resync_shards()  # learn them now, not with the next reply
 
     @_answered()
     def set_node_state(self, name: str, state: NodeState) -> None:
