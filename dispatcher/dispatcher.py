@@ -327,7 +327,13 @@ class Dispatcher:
                         continue
                     idx = part  # the rest of the job waits for a later unit
                     cpu, mem, gpu = rec.cost_of(idx)
-            if fenced is not None and fenced[best] and self._inflight and not _fits((cpu, mem, gpu), free):
+            if (
+                fenced is not None
+                and fenced[best]
+                and self._inflight
+                and not _fits((cpu, mem, gpu), free)
+                and not cap.below_guarantee(best, shares[best])  # it may reclaim: room it can take
+            ):
                 # Past the free room the units in flight race: shards plan the same room, and the
                 # first to commit wins, whatever the tenants' shares. The next unit of a fairness
                 # queue waits for their answers, so the room goes in the queue's order.

@@ -257,3 +257,26 @@ def test_room_freed_goes_to_each_tenants_oldest_waiting_jobs(tmp_path: Path) -> 
         p.run_until_idle()
     running = [j for j in ids if p.dispatcher.job_state(j) is JobState.RUNNING]
     assert running == ["alice0", "alice1", "alice2", "alice3", "bob0", "bob1", "bob2", "bob3"]
+
+
+def test_a_fairness_queue_below_its_guarantee_reclaims_without_waiting(tmp_path: Path) -> None:
+    """The free-room wait of DRF and fair-share queues does not hold back units that reclaim: the
+    first round takes room back (it took none while it held them), and the guarantee is whole
+    once the queue is idle."""
+    nodes = [make_node(f"n{i}").cpu("10").mem("100Gi").build() for i in range(10)]  # 100 CPUs
+    queues = [
+        QueueConfig(name="a", guarantee=0.5, max_share=1.0),
+        QueueConfig(name="b", policy=QueuePolicy.DRF, guarantee=0.5, max_share=1.0),
+    ]
+    p = pipeline(tmp_path, nodes, shards=2, queues=queues)
+    p.submit_many([make_job(f"a{i}").cpu("1").queue("a").build() for i in range(100)])
+    p.run_until_idle()
+    p.submit_many([make_job(f"b{i}").cpu("1").queue("b").tenant(f"t{i % 2}").build() for i in range(50)])
+
+    def running(q: str, n: int) -> int:
+        return sum(p.dispatcher.job_state(f"{q}{i}") is JobState.RUNNING for i in range(n))
+
+    p.step()  # one scheduling round
+    assert running("b", 50) >= 25
+    p.run_until_idle()
+    assert (running("a", 100), running("b", 50)) == (50, 50)
