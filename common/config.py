@@ -6,7 +6,9 @@ profile's plugin names are checked by the CLI (`cli/master_cmds.checked_settings
 plugins live in the shard's package.
 """
 
+import difflib
 import enum
+import logging
 import math
 import os
 from pathlib import Path
@@ -17,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 # Queue, tenant and role names: lower-case DNS-label-like words.
+log = logging.getLogger(__name__)
+
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
 
 
@@ -230,6 +234,7 @@ def load_settings(
     # The env's raw values, checked once merged: checked alone, against the defaults, a pair
     # such as node_timeout_s and the file's heartbeat_interval_s would be judged apart.
     env_values = EnvSettingsSource(Settings)() if _env_has_settings() else {}
+    _warn_unknown_env()
     merged = _deep_merge(_deep_merge(defaults or {}, file_values), env_values)
     merged = _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
     return Settings(**merged)
@@ -247,3 +252,35 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def _env_has_settings() -> bool:
     return any(k.startswith("GOSCHED_") and k != "GOSCHED_CONFIG" for k in os.environ)
+
+
+# GOSCHED_* names that are not settings: the config file, the client's master, the trace folder,
+# what the agent tells a task about itself, and the test suite's depth of property runs.
+OTHER_ENV = frozenset(
+    {
+        "CONFIG",
+        "MASTER",
+        "TRACE_DIR",
+        "JOB_ID",
+        "TASK_ID",
+        "TASK_INDEX",
+        "TASK_ROLE",
+        "ATTEMPT",
+        "PROPERTY_EXAMPLES",
+    }
+)
+
+
+def _warn_unknown_env() -> None:
+    """A GOSCHED_* name that is no setting is ignored by pydantic-settings without a word, so a
+    typo (GOSCHED_SHARD=8) would silently do nothing: say so, with the nearest setting."""
+    fields = [name.upper() for name in Settings.model_fields]
+    for key in sorted(os.environ):
+        if not key.startswith("GOSCHED_"):
+            continue
+        name = key.removeprefix("GOSCHED_")
+        if name in OTHER_ENV or name.split("__")[0] in fields:
+            continue
+        near = difflib.get_close_matches(name.split("__")[0], fields, n=1)
+        hint = f" (did you mean GOSCHED_{near[0]}?)" if near else ""
+        log.warning("%s is not a setting and is ignored%s", key, hint)

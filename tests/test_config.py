@@ -150,3 +150,15 @@ def test_settings_that_could_never_work_are_refused_naming_the_field(
     with pytest.raises(ValueError) as err:
         load_settings(path)
     assert field in str(err.value) and reason in str(err.value)
+
+
+def test_a_gosched_env_name_that_is_no_setting_is_named_with_the_nearest(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("GOSCHED_SHARD", "8")  # a typo: ignored, so say so
+    monkeypatch.setenv("GOSCHED_MASTER", "localhost:9090")  # the client's, not a setting: fine
+    monkeypatch.setenv("GOSCHED_PROFILE__PREEMPTION", "false")  # a nested setting: fine
+    with caplog.at_level("WARNING", logger="gosched.common.config"):
+        settings = load_settings(None)
+    assert settings.shards != 8 and settings.profile.preemption is False
+    assert caplog.messages == ["GOSCHED_SHARD is not a setting and is ignored (did you mean GOSCHED_SHARDS?)"]
