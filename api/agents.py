@@ -67,7 +67,10 @@ class AgentSession:
     session_id: str
     last_seen: float
     outbox: "queue.Queue[agent_pb2.SchedulerMessage | None]" = field(default_factory=queue.Queue)
-    sent: set[str] = field(default_factory=set)  # tasks launched there and not yet ended
+    # Tasks launched there and not yet ended, with the time the run's binding was made (None: a
+    # run found there, whichever it is). A task evicted and bound to the node again within one
+    # tick keeps its id: its new time says the run sent is not the one wanted.
+    sent: dict[str, float | None] = field(default_factory=dict)
     # Tasks told to stop, until their end is reported (or the grace period and some are over): that
     # end belongs to the killed run, and a relaunch waits for it, so an old run never stands in for
     # a new placement of the same task.
@@ -180,9 +183,9 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             # An operator's cordon or drain outlives the agent (and a node loss in between).
             node = replace(node, state=state if state in OPERATOR_STATES else NodeState.READY)
             control.add_nodes([node])
-            expected = control.residents([node.name])[node.name]
+            expected = control.resident_runs([node.name])[node.name]
             session = AgentSession(
-                node.name, uuid.uuid4().hex, time.monotonic(), sent=set(expected), limits=request.limits
+                node.name, uuid.uuid4().hex, time.monotonic(), sent=dict(expected), limits=request.limits
             )
             with self._lock:
                 old = self.sessions.get(node.name)
@@ -323,7 +326,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             control.lost(lost)
         with self._lock:
             for session, tid in r.ended:
-                session.sent.discard(tid)
+                session.sent.pop(tid, None)
         return True
 
     @staticmethod
@@ -354,7 +357,11 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 with self._lock:
                     if snap.node.name not in self.sessions:
                         self.sessions[snap.node.name] = AgentSession(
-                            snap.node.name, "", now, sent=set(snap.task_ids), grace_s=AGENT_MAX_BACKOFF_S
+                            snap.node.name,
+                            "",
+                            now,
+                            sent=dict.fromkeys(snap.task_ids),
+                            grace_s=AGENT_MAX_BACKOFF_S,
                         )
 
     def _check_liveness(self, control: ControlPlane, now: float) -> bool:
@@ -385,7 +392,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             live = [s for s in self.sessions.values() if s.connected]
         if not live:
             return
-        residents = control.residents([s.node for s in live])
+        runs = control.resident_runs([s.node for s in live])
         launches: dict[str, list[str]] = {}
         kills: dict[str, list[str]] = {}
         now = time.monotonic()
@@ -394,9 +401,16 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 for tid in [tid for tid, until in s.killing.items() if until < now]:
                     del s.killing[tid]
                 killing = set(s.killing)
-            want = set(residents.get(s.node, ()))
-            new = sorted(want - s.sent - killing)
-            gone = sorted(s.sent - want)
+            want = runs.get(s.node, {})
+            with self._lock:
+                for tid, started in s.sent.items():
+                    if started is None and tid in want:
+                        s.sent[tid] = want[tid]  # the run found there is the one bound now
+                sent = dict(s.sent)
+            new = sorted(t for t in want if t not in sent and t not in killing)
+            # Not resident any more, or resident as another run (evicted and bound here again):
+            # the run sent is stopped; the new one is launched once its end is in.
+            gone = sorted(t for t, started in sent.items() if want.get(t, -1.0) != started)
             if new:
                 launches[s.node] = new
             if gone:
@@ -414,13 +428,13 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 msg = _launch(tid, snaps.get(split_task_id(tid)[0]), attempts.get(tid, 0))
                 if msg is not None:
                     self.logs.reset(tid)  # a new run: its output replaces the last run's
-                    s.sent.add(tid)
+                    s.sent[tid] = runs[node][tid]
                     s.outbox.put(agent_pb2.SchedulerMessage(launch=msg))
         for node, tids in kills.items():
             s = by_node[node]
             for tid in tids:
                 with self._lock:
-                    s.sent.discard(tid)
+                    s.sent.pop(tid, None)
                     s.killing[tid] = now + self.kill_grace_s + KILL_ANSWER_S
                 reason = _kill_reason(tid, snaps.get(split_task_id(tid)[0]))
                 kill = agent_pb2.KillTask(task_id=tid, grace_period_s=self.kill_grace_s, reason=reason)

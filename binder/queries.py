@@ -41,6 +41,17 @@ def residents_of(binder: Binder, names: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
+def resident_runs(binder: Binder, names: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Each named node's residents with the time each was bound there: a task evicted and bound
+    to the same node again is the same id with a new time (another run)."""
+    a = binder.state
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        row = a.row_of.get(name)
+        out[name] = {} if row is None else {t: r.start_time for t, r in a.residents[row].items()}
+    return out
+
+
 def misfits(binder: Binder, names: Iterable[str]) -> list[str]:
     """Residents that the named nodes, as they are now, can no longer hold (a node that came back
     smaller: a GPU gone, less cpu or memory): those on a GPU the node no longer has, then, while

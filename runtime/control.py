@@ -105,6 +105,10 @@ class ControlPlane(Protocol):
         """Task ids holding resources on each named node (an unknown node: none)."""
         ...
 
+    def resident_runs(self, names: Sequence[str]) -> dict[str, dict[str, float]]:
+        """As residents, with the time each task was bound there (which tells its runs apart)."""
+        ...
+
     # -- cluster -----------------------------------------------------------------------------------------
     def queue_shares(self) -> dict[str, float]: ...
 

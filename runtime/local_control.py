@@ -100,6 +100,9 @@ class LocalControl:
     def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
         return queries.residents_of(self.pipeline.binder, names)
 
+    def resident_runs(self, names: Sequence[str]) -> dict[str, dict[str, float]]:
+        return queries.resident_runs(self.pipeline.binder, names)
+
     # -- cluster ----------------------------------------------------------------------------------------
     def queue_shares(self) -> dict[str, float]:
         return self.pipeline.dispatcher.queue_shares()

@@ -352,6 +352,9 @@ class BinderCore:
     def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
         return queries.residents_of(self.binder, names)
 
+    def resident_runs(self, names: Sequence[str]) -> dict[str, dict[str, float]]:
+        return queries.resident_runs(self.binder, names)
+
     def misfits(self, names: Sequence[str]) -> list[str]:
         return queries.misfits(self.binder, names)
 

@@ -243,6 +243,11 @@ class RayControl:
         got: dict[str, list[str]] = ray.get(self.rs.binder.residents.remote(list(names)))
         return got
 
+    @_answered()
+    def resident_runs(self, names: Sequence[str]) -> dict[str, dict[str, float]]:
+        got: dict[str, dict[str, float]] = ray.get(self.rs.binder.resident_runs.remote(list(names)))
+        return got
+
     # -- cluster ----------------------------------------------------------------------------------------
     @_answered()
     def queue_shares(self) -> dict[str, float]:

@@ -38,6 +38,7 @@ class ScriptedAgent:
         self.name, self.session = reply.node_name, reply.session_id
         self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
         self.launches: queue.Queue[agent_pb2.LaunchTask] = queue.Queue()
+        self.kills: queue.Queue[agent_pb2.KillTask] = queue.Queue()
         self.send(heartbeat=agent_pb2.Heartbeat(time=time.time()))
         self.call = stub.Connect(self._messages())
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -52,6 +53,8 @@ class ScriptedAgent:
             for msg in self.call:
                 if msg.WhichOneof("body") == "launch":
                     self.launches.put(msg.launch)
+                elif msg.WhichOneof("body") == "kill":
+                    self.kills.put(msg.kill)
         except grpc.RpcError:
             pass
 
@@ -400,3 +403,36 @@ def test_a_node_is_deleted_only_once_its_agent_is_gone_and_its_tasks_may_go(tmp_
     finally:
         agent.close()
         master.stop()
+
+
+def test_a_task_evicted_and_bound_to_the_same_node_again_is_killed_then_relaunched(
+    master: ServerHandle,
+) -> None:
+    """Within one tick the task's id never left the node's residents, so the old run was neither
+    killed nor replaced: it ran on beside whatever took its room, and the task stayed bound."""
+    agent = ScriptedAgent(master.target, "r1")
+    try:
+        with Client(master.target, timeout=10) as client:
+            client.submit({"id": "again", "cpu": "1", "command": "true"})
+            first = agent.launches.get(timeout=10)
+            assert first.attempt == 0
+            agent.report(first.task_id, pb.TASK_STATE_RUNNING)
+            wait_for("running", lambda: client.get("again").state is JobState.RUNNING)
+            control = master.service.control
+            with master.service.lock:  # no tick in between: released and bound again at once
+                control.lost([first.task_id])
+                for _ in range(50):
+                    control.step()
+                    if control.residents(["r1"])["r1"]:
+                        break
+                assert control.residents(["r1"])["r1"] == [first.task_id]
+            kill = agent.kills.get(timeout=10)  # the old run is stopped first
+            assert kill.task_id == first.task_id
+            assert agent.launches.empty()
+            agent.report(first.task_id, pb.TASK_STATE_FAILED, exit_code=143, message="killed")
+            second = agent.launches.get(timeout=10)  # then the new run starts
+            assert (second.task_id, second.attempt) == (first.task_id, 1)
+            agent.report(second.task_id, pb.TASK_STATE_RUNNING)
+            wait_for("running again", lambda: client.get("again").tasks[0].state is TaskState.RUNNING)
+    finally:
+        agent.close()

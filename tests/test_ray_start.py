@@ -28,7 +28,8 @@ def test_a_start_whose_raylet_timed_out_is_tried_again(monkeypatch: pytest.Monke
     monkeypatch.setattr(ray, "init", init)
     try:
         ray_cluster._start_ray(None)
-        assert len(calls) == 2 and ray.is_initialized()
+        # the fake failure was retried (on a loaded machine the real start may need a try more)
+        assert len(calls) >= 2 and ray.is_initialized()
     finally:
         ray.shutdown()
 
