@@ -30,7 +30,7 @@ SHIM_READY_S = 10.0  # how long a launch waits for the shim to say whether the t
 @dataclass(slots=True)
 class TaskSpec:
     task_id: str
-    command: list[str]  # argv; a single string is run by /bin/sh -c
+    command: list[str]  # argv; a single word is a shell script (/bin/sh -c) unless it names a program file
     env: dict[str, str] = field(default_factory=dict)
     gpus: list[int] = field(default_factory=list)  # GPU indexes assigned on this node
     cwd: str | None = None
@@ -94,7 +94,9 @@ class ShellExecutor:
             return None  # already running: a repeated launch is not run twice
         if not spec.command:
             return TaskExit(spec.task_id, None, "failed_to_start", message="empty command")
-        argv = ["/bin/sh", "-c", spec.command[0]] if len(spec.command) == 1 else list(spec.command)
+        argv = list(spec.command)
+        if len(argv) == 1 and not _is_program_file(argv[0]):
+            argv = ["/bin/sh", "-c", argv[0]]  # `gosched submit -- 'make && ./run'`: a script
         out_path, err_path = self.log_paths(spec.task_id)
         status = self.status_path(spec.task_id)
         cgroup = None
@@ -224,3 +226,8 @@ def _read_until_eof(fd: int, timeout_s: float) -> str:
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def _is_program_file(word: str) -> bool:
+    """A path to an executable file: run as it is (a shell would split "/opt/my tools/run")."""
+    return "/" in word and os.path.isfile(word) and os.access(word, os.X_OK)

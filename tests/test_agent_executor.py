@@ -40,6 +40,20 @@ def test_exit_codes(executor: ShellExecutor, command: list[str], code: int) -> N
     assert end.exit_code == code and end.reason == "exited"
 
 
+def test_one_word_is_a_script_unless_it_is_a_program_file(executor: ShellExecutor, tmp_path: Path) -> None:
+    folder = tmp_path / "my tools"
+    folder.mkdir()
+    program = folder / "run"
+    program.write_text("#!/bin/sh\necho ran as a program\n")
+    program.chmod(0o755)
+    executor.start(TaskSpec("p/0", [str(program)]))  # a shell would split the path at its space
+    executor.start(TaskSpec("s/0", ["echo a && echo b"]))  # a script
+    ends = {e.task_id: e for e in executor.wait_all(10)}
+    assert ends["p/0"].exit_code == 0 and ends["s/0"].exit_code == 0
+    assert executor.log_paths("p/0")[0].read_text() == "ran as a program\n"
+    assert executor.log_paths("s/0")[0].read_text() == "a\nb\n"
+
+
 def test_missing_program_fails_to_start(executor: ShellExecutor) -> None:
     end = executor.start(TaskSpec("t/0", ["/nonexistent/program", "arg"]))
     assert end is not None and end.reason == "failed_to_start"
