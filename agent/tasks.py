@@ -300,7 +300,11 @@ class TaskTable:
     def _start(self, msg: agent_pb2.LaunchTask) -> None:
         task_id = msg.task_id
         out, err = self.executor.log_paths(task_id)
-        # Offsets start at 0 even if an earlier run left output: resent bytes land where they were.
+        # A launch is a new run: its output starts the files afresh, as the master's copy does
+        # (an earlier run's bytes would be shipped again from offset 0). A service's restarts
+        # within the run append.
+        for path in (out, err):
+            path.unlink(missing_ok=True)
         rec = TaskRecord(msg, TaskLogs.of(task_id, out, err))
         self.records[task_id] = rec
         self.dirty = True

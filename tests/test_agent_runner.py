@@ -318,6 +318,25 @@ def test_a_resent_launch_does_not_run_the_task_twice(master: FakeMaster, tmp_pat
     assert [s.state for s in master.statuses("once/0")] == [RUNNING, SUCCEEDED]
 
 
+def test_a_new_launch_of_a_task_ships_only_its_own_output(master: FakeMaster, tmp_path: Path) -> None:
+    """The master clears a task's output when it launches it again (a retry on the same node);
+    the agent used to append to the old run's file and ship it all again from offset 0."""
+    with running_agent(master.address, tmp_path / "agent"):
+        wait_for("the stream", lambda: master.heartbeats())
+        master.launch("r/0", ["echo first run"])
+        master.wait_final("r/0")
+        seen = len(master.messages())
+        master.launch("r/0", ["echo second"], attempt=1)
+        wait_for("the second run's end", lambda: len(master.statuses("r/0")) >= 4)
+        master.wait_final("r/0")
+    chunks = [
+        (m.log.offset, m.log.data)
+        for m in master.messages()[seen:]
+        if m.WhichOneof("body") == "log" and m.log.task_id == "r/0" and m.log.stream == "stdout"
+    ]
+    assert chunks == [(0, b"second\n")]
+
+
 def test_a_failing_service_is_restarted_with_backoff(master: FakeMaster, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     with running_agent(master.address, tmp_path / "agent"):
