@@ -165,7 +165,7 @@ class Client:
     def list_page(
         self,
         *,
-        state: JobState | None = None,
+        state: JobState | str | None = None,
         queue: str = "",
         tenant: str = "",
         page_size: int = 100,
@@ -173,7 +173,11 @@ class Client:
     ) -> tuple[builtins.list[JobInfo], str]:
         """One page of jobs (submission order) and the token of the next ("" at the end)."""
         request = jobs_pb2.ListJobsRequest(
-            state=convert.job_state_to_proto(state) if state is not None else pb.JOB_STATE_UNSPECIFIED,
+            state=(
+                convert.job_state_to_proto(_as_state(state, "state"))
+                if state is not None
+                else pb.JOB_STATE_UNSPECIFIED
+            ),
             queue=queue,
             tenant=tenant,
             page_size=page_size,
@@ -185,7 +189,7 @@ class Client:
     def list(
         self,
         *,
-        state: JobState | None = None,
+        state: JobState | str | None = None,
         queue: str = "",
         tenant: str = "",
         page_size: int = 100,
@@ -223,14 +227,14 @@ class Client:
             stream.cancel()
 
     def wait(
-        self, job_id: str, *, states: Collection[JobState] | None = None, timeout: float | None = None
+        self, job_id: str, *, states: Collection[JobState | str] | None = None, timeout: float | None = None
     ) -> JobInfo:
         """Block until the job reaches one of `states` (default: a final state); returns it then.
 
         Raises DeadlineExceeded after `timeout` seconds, and FailedPrecondition if the job ends in
         a final state that is not among `states`.
         """
-        wanted = frozenset(states) if states else FINAL_STATES
+        wanted = frozenset(_as_state(s, "states") for s in states) if states else FINAL_STATES
         last: JobInfo | None = None
         for info in self.watch(job_id, timeout=timeout):
             last = info
@@ -316,6 +320,15 @@ def _spec_message(spec: Mapping[str, Any] | Job, where: str = "") -> pb.JobSpec:
     except SpecError as exc:
         raise InvalidArgument(f"{where}{exc}", field=f"{where}{exc.field}") from None
     return convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
+
+
+def _as_state(value: JobState | str, what: str) -> JobState:
+    """A JobState from itself or its name ("running"): a wrong name is a ValueError naming it."""
+    try:
+        return JobState(value)
+    except ValueError:
+        known = ", ".join(s.value for s in JobState)
+        raise ValueError(f"{what}: {value!r} is not a job state (one of {known})") from None
 
 
 def _names(states: Collection[JobState]) -> str:

@@ -231,6 +231,11 @@ def test_watch_yields_state_changes(client: Client) -> None:
     assert rest and rest[-1].state is JobState.CANCELLED
     with pytest.raises(errors.FailedPrecondition):
         client.wait(job_id, states={JobState.RUNNING}, timeout=5)
+    with pytest.raises(errors.FailedPrecondition, match="waited for running"):  # states by name too
+        client.wait(job_id, states={"running"}, timeout=5)
+    with pytest.raises(ValueError, match="states: 'bogus' is not a job state"):
+        client.wait(job_id, states={"bogus"}, timeout=5)
+    assert job_id in [j.id for j in client.list(state="cancelled")]
     assert client.wait(job_id, timeout=5).state is JobState.CANCELLED
 
 
