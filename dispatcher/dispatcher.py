@@ -188,7 +188,12 @@ class Dispatcher:
         self._validate(job)
         sid = job.submission_id
         if sid:
-            first = batch_subs.get(sid) or self._submitted_as(sid)
+            in_batch = batch_subs.get(sid)
+            if in_batch is not None and not same_request(job, in_batch):
+                raise SpecError(
+                    "submission_id", f"{sid!r} is given to two jobs of this request with different specs"
+                )
+            first = in_batch or self._submitted_as(sid)
             if first is not None:
                 if not same_request(job, first):
                     raise SpecError(
@@ -578,7 +583,10 @@ class Dispatcher:
                 if reasons and tid in reasons:
                     if final_state is TaskState.FAILED:
                         told[tid] = reasons[tid]
-                    rec.failure = f"task {index} {final_state.value}: {reasons[tid]}"
+                    # The first failure stays: a gang's others often fail of it (killed, lost peers).
+                    line = f"task {index} {final_state.value}: {reasons[tid]}"
+                    first = rec.failure.split("\n", 1)[0]
+                    rec.failure = f"{first}\nlatest: {line}" if first and first != line else line
                 if rec.where is Where.INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)

@@ -146,6 +146,17 @@ def test_a_failure_reason_stays_in_explain_while_the_job_runs_on_and_after_it_en
     assert "task 0 failed: OOMKilled (on n0)" in d.explain("j")  # the finished job's record
 
 
+def test_a_gangs_first_failure_stays_beside_the_latest() -> None:
+    d, _ = dispatcher()
+    d.submit(make_job("g").cpu("1").replicas(3).min_member(3).build())
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_released(["g/1"], TaskState.FAILED, {"g/1": "exit code 1 (on n0)"})
+    d.on_released(["g/2"], TaskState.FAILED, {"g/2": "killed by signal SIGKILL (on n0)"})
+    text = d.explain("g")
+    assert "task 1 failed: exit code 1 (on n0)" in text  # the cause
+    assert "latest: task 2 failed: killed by signal SIGKILL (on n0)" in text
+
+
 def test_retry_still_goes_to_the_least_loaded_shard():
     d, _ = dispatcher(shards=2)
     d.submit(make_job("j").cpu("1").build())
@@ -913,7 +924,9 @@ def test_a_submission_id_answers_only_a_repeat_of_its_first_request(tmp_path) ->
         with pytest.raises(SpecError, match="first used for job a with another spec") as err:
             d.submit(replace_sub(changed, s))
         assert err.value.field == "submission_id"
-    with pytest.raises(SpecError, match="another spec"):  # within one batch too
+    with pytest.raises(
+        SpecError, match="given to two jobs of this request with different specs"
+    ):  # within one batch too
         d.submit_many(
             [replace_sub(make_job("x").build(), "k2"), replace_sub(make_job("y").cpu("3").build(), "k2")]
         )
