@@ -1040,6 +1040,11 @@ class Dispatcher:
             capacity = self._capacity_note(rec)
             if capacity:
                 lines.append(capacity)
+        deadline = rec.job.deadline
+        if deadline is not None and deadline < self.clock():
+            # Deadlines order a deadline queue (EDF); a job is not stopped at its deadline.
+            late = self.clock() - deadline
+            lines.append(f"past its deadline by {late:.0f}s (deadlines order the queue; nothing is stopped)")
         if rec.disruption:
             lines.append(rec.disruption)
         if rec.failure:

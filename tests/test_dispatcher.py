@@ -940,3 +940,11 @@ def replace_sub(job, submission_id: str):
     from dataclasses import replace
 
     return replace(job, submission_id=submission_id)
+
+
+def test_explain_says_when_a_job_is_past_its_deadline() -> None:
+    d, clock = dispatcher()
+    d.submit(make_job("late").cpu("1").deadline(clock.now + 10).build())
+    assert "deadline" not in d.explain("late")
+    clock.advance(70.0)
+    assert "past its deadline by 60s (deadlines order the queue; nothing is stopped)" in d.explain("late")
