@@ -146,6 +146,11 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             s = self.sessions.get(node)
             return s is not None and s.connected
 
+    def stopping(self, task_id: str) -> bool:
+        """A run of the task is being killed on some node (its last output may still come)."""
+        with self._lock:
+            return any(task_id in s.killing for s in self.sessions.values())
+
     def forget(self, node: str) -> None:
         """The node was deleted: no session to time out, no cordon to give back if an agent comes
         back under its name (it registers as a new node)."""

@@ -232,7 +232,7 @@ def serve(
     )
     handle: ServerHandle | None = None
     try:
-        jobs = JobServicer(service, logs, max_streams=max(1, workers // 4))
+        jobs = JobServicer(service, logs, max_streams=max(1, workers // 4), stopping=gateway.stopping)
         jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(service, gateway), server)

@@ -135,9 +135,17 @@ def node_message(view: NodeView, agent: tuple[float, bool, str] = (-1.0, False, 
 
 # == servicers =====================================================================================
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, service: SchedulerService, logs: LogStore, max_streams: int = 128) -> None:
+    def __init__(
+        self,
+        service: SchedulerService,
+        logs: LogStore,
+        max_streams: int = 128,
+        stopping: Callable[[str], bool] = lambda task_id: False,
+    ) -> None:
         self.service = service
         self.logs = logs
+        # Whether a task's run is still being killed: a follow goes on until its last output is in.
+        self.stopping = stopping
         self.max_streams = max_streams
         self._streams = threading.BoundedSemaphore(max_streams)
 
@@ -252,14 +260,16 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 continue
             if not request.follow:
                 return
-            # The agent ships a task's last output before its end, so once the task has ended
-            # and nothing is left to read, the stream is complete.
+            # The agent ships a task's last output before its end, so once the task has ended,
+            # its run is no longer being stopped (a cancel's grace period), and nothing is left to
+            # read, the stream is complete.
             task = self.service.get(request.job_id).tasks[request.task_index]
             placed = placed or task.state not in (TaskState.PENDING, TaskState.SCHEDULED)
             if task.state in TERMINAL or (placed and task.state in TASK_ENDED):
-                if not self.logs.read(tid, stream, offset, 1):
+                if self.logs.read(tid, stream, offset, 1):
+                    continue
+                if not self.stopping(tid):
                     return
-                continue
             self.logs.wait(seen, timeout=0.5)
 
 

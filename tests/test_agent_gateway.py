@@ -436,3 +436,40 @@ def test_a_task_evicted_and_bound_to_the_same_node_again_is_killed_then_relaunch
             wait_for("running again", lambda: client.get("again").tasks[0].state is TaskState.RUNNING)
     finally:
         agent.close()
+
+
+def test_following_a_cancelled_tasks_output_waits_for_the_last_words_of_its_run(master: ServerHandle) -> None:
+    """The follow ended as soon as the cancel was taken, and missed what the task wrote while it
+    was being stopped (its grace period)."""
+    agent = ScriptedAgent(master.target, "w1")
+    agent.keep_beating()  # the wait below is longer than this master's node timeout
+    try:
+        with Client(master.target, timeout=10) as client:
+            client.submit({"id": "talk", "cpu": "1", "command": "true"})
+            launch = agent.launches.get(timeout=10)
+            agent.report(launch.task_id, pb.TASK_STATE_RUNNING)
+            agent.send(log=pb.LogChunk(task_id=launch.task_id, stream="stdout", offset=0, data=b"up\n"))
+            wait_for("running", lambda: client.get("talk").state is JobState.RUNNING)
+            got: list[bytes] = []
+            errs: list[BaseException] = []
+
+            def follow() -> None:
+                try:
+                    got.extend(client.logs("talk", 0, follow=True))
+                except BaseException as exc:  # seen by the assertion below
+                    errs.append(exc)
+
+            follower = threading.Thread(target=follow)
+            follower.start()
+            wait_for("the first words", lambda: b"".join(got) == b"up\n")
+            client.cancel("talk")
+            agent.kills.get(timeout=10)
+            time.sleep(1.2)  # past the follow's own 0.5 s wait: it must still be waiting
+            assert follower.is_alive()
+            agent.send(log=pb.LogChunk(task_id=launch.task_id, stream="stdout", offset=3, data=b"term\n"))
+            agent.report(launch.task_id, pb.TASK_STATE_FAILED, exit_code=143, message="killed: cancelled")
+            follower.join(timeout=10)
+            assert errs == []
+            assert not follower.is_alive() and b"".join(got) == b"up\nterm\n"
+    finally:
+        agent.close()
