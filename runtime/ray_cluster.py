@@ -47,11 +47,12 @@ IDLE_POLL_S = 0.005
 RAY_START_TRIES = 3
 
 
-def _start_ray(address: str | None) -> None:
+def _start_ray(address: str | None, **options: Any) -> None:
+    """ray.init, tried again after a start-up that timed out; `options` go to a local start."""
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
             if address is None:
-                ray.init(include_dashboard=False, logging_level=logging.WARNING)
+                ray.init(**{"include_dashboard": False, "logging_level": logging.WARNING, **options})
             else:
                 ray.init(address=address, logging_level=logging.WARNING)
             return

@@ -11,6 +11,7 @@ ray = pytest.importorskip("ray")
 from gosched.common.config import ProfileConfig, Settings  # noqa: E402
 from gosched.common.job import Job  # noqa: E402
 from gosched.common.node import Node  # noqa: E402
+from gosched.runtime import ray_cluster  # noqa: E402
 from gosched.runtime.ray_bench import run_ray_bench  # noqa: E402
 from gosched.runtime.ray_cluster import RayScheduler  # noqa: E402
 from gosched.runtime.simulation import basic_jobs, sim_nodes  # noqa: E402
@@ -19,7 +20,8 @@ from tests.builders import make_job, make_node  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False)
+    # As the runtime starts it: a start-up that timed out on a loaded machine is tried again.
+    ray_cluster._start_ray(None, num_cpus=2, logging_level="error", log_to_driver=False)
     yield
     ray.shutdown()
 
