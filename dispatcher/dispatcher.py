@@ -53,7 +53,7 @@ from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
 from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
 from gosched.dispatcher.queues import PolicyQueue, make_queue
-from gosched.dispatcher.records import FinishedJob, JobRecord, Where, job_state_of
+from gosched.dispatcher.records import FinishedJob, JobRecord, Where, failure_line, job_state_of, with_failure
 from gosched.dispatcher.room import evictions_made_room
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
@@ -583,10 +583,7 @@ class Dispatcher:
                 if reasons and tid in reasons:
                     if final_state is TaskState.FAILED:
                         told[tid] = reasons[tid]
-                    # The first failure stays: a gang's others often fail of it (killed, lost peers).
-                    line = f"task {index} {final_state.value}: {reasons[tid]}"
-                    first = rec.failure.split("\n", 1)[0]
-                    rec.failure = f"{first}\nlatest: {line}" if first and first != line else line
+                    rec.failure = with_failure(rec.failure, failure_line(index, final_state, reasons[tid]))
                 if rec.where is Where.INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)
@@ -659,10 +656,8 @@ class Dispatcher:
             if s not in TERMINAL:
                 states[i] = CANCELLED
                 updates.append((task_id(job_id, i), CANCELLED))
-        *failure, _queue_line = kept.note.split("\n")  # a failure told before stays on the record
-        self._retain(
-            FinishedJob(kept.job, JobState.CANCELLED, tuple(states), "\n".join([*failure, "cancelled"]))
-        )
+        history = "\n".join(filter(None, (kept.note, "cancelled")))  # a failure told before stays
+        self._retain(FinishedJob(kept.job, JobState.CANCELLED, tuple(states), history))
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         if holding:
@@ -680,14 +675,11 @@ class Dispatcher:
             return False
         states[index] = PENDING if final_state is PREEMPTED else final_state
         state = job_state_of(states, kept.job.min_member, False)
-        failure = f"task {index} failed: {why}" if why else ""
+        history = with_failure(kept.note, failure_line(index, final_state, why)) if why else kept.note
         if all(s in TERMINAL for s in states):
             del self._unqueued[job_id]
-            self._retain(FinishedJob(kept.job, state, tuple(states), failure))
+            self._retain(FinishedJob(kept.job, state, tuple(states), history))
         else:
-            # The note: the latest failure, if any, then the line that says the queue is gone.
-            *earlier, queue_line = kept.note.split("\n")
-            history = "\n".join(filter(None, (failure or "".join(earlier), queue_line)))
             self._unqueued[job_id] = FinishedJob(kept.job, state, tuple(states), history)
         return True
 
@@ -885,13 +877,8 @@ class Dispatcher:
             if job.queue not in self._queue_index and not all(s in TERMINAL for s in states):
                 self.skipped_on_restore.append(job.id)
                 skipped_queues.add(job.queue)
-                note = (
-                    f"queue {job.queue} is not configured: kept, not scheduled "
-                    "(configure it again, or cancel the job)"
-                )
-                history = "\n".join(filter(None, (failures.get(job.id), note)))
                 self._unqueued[job.id] = FinishedJob(
-                    job, job_state_of(states, job.min_member, False), tuple(states), history
+                    job, job_state_of(states, job.min_member, False), tuple(states), failures.get(job.id, "")
                 )
                 continue
             if all(s in TERMINAL for s in states):
@@ -1018,7 +1005,13 @@ class Dispatcher:
         if rec is None:
             kept = self._unqueued.get(job_id)
             if kept is not None:
-                return f"{_summary(kept.job, kept.state, kept.states)}\n{kept.note}"
+                unqueued = (
+                    f"queue {kept.job.queue} is not configured: kept, not scheduled "
+                    "(configure it again, or cancel the job)"
+                )
+                return "\n".join(
+                    filter(None, (_summary(kept.job, kept.state, kept.states), kept.note, unqueued))
+                )
             done = self._finished[job_id]
             head = _summary(done.job, done.state, done.states)
             return f"{head} (finished)" + (f"\n{done.note}" if done.note else "")

@@ -154,3 +154,15 @@ def job_state_of(
     if held and held + ended >= min_member:
         return JobState.RUNNING
     return JobState.PENDING
+
+
+def failure_line(index: int, state: TaskState, why: str) -> str:
+    """How explain tells a task's end with a reason: "task 3 failed: exit code 1 (on node-a)"."""
+    return f"task {index} {state.value}: {why}"
+
+
+def with_failure(history: str, line: str) -> str:
+    """A job's failure record after another failure: the first stays (a gang's other members
+    often fail of it: killed, peers lost), beside the latest."""
+    first = history.split("\n", 1)[0]
+    return f"{first}\nlatest: {line}" if first and first != line else line

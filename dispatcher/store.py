@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id
 from gosched.common.states import TaskState
+from gosched.dispatcher.records import failure_line
 
 # (task index, state, node name or None, GPU assignment)
 TaskRow = tuple[int, TaskState, str | None, tuple[Any, ...]]
@@ -74,7 +75,7 @@ class MemoryStore:
             self.states[job_id][index] = state
         for tid, why in (reasons or {}).items():
             job_id, index = split_task_id(tid)
-            self.failures[job_id] = f"task {index} failed: {why}"
+            self.failures[job_id] = failure_line(index, TaskState.FAILED, why)
 
     def load_failures(self) -> dict[str, str]:
         return dict(self.failures)
