@@ -282,20 +282,25 @@ class Dispatcher:
         capped, shares_matter = cap.capped, cap.shares_matter
         fenced = self._fenced if usage.has_capacity and any(self._fenced) else None
         free = usage.unclaimed() if fenced is not None else []
-        store = self.store
-        updates: Updates = []
         n = 0
+        # A lone queue with neither cap nor guarantee, and no fence or share listener: nothing
+        # in the loop reads the usage, so the units' in-flight cost is added once at the end.
+        lone = not shares_matter and fenced is None and not usage.has_listeners
+        inflight: dict[tuple[str, str], list[int]] | None = {} if lone else None
         while n < limit and heap:
             # -- which queue: below guarantee first, then borrowers by share
-            best, best_key = -1, NOT_ELIGIBLE
-            for i in range(nq):
-                if blocked[i] or not queues[i]:
-                    continue
-                key = cap.rank(i, shares[i])
-                if key == NOT_ELIGIBLE:
-                    blocked[i] = True
-                elif key < best_key:
-                    best, best_key = i, key
+            if lone:
+                best = 0 if queues[0] and not blocked[0] else -1
+            else:
+                best, best_key = -1, NOT_ELIGIBLE
+                for i in range(nq):
+                    if blocked[i] or not queues[i]:
+                        continue
+                    key = cap.rank(i, shares[i])
+                    if key == NOT_ELIGIBLE:
+                        blocked[i] = True
+                    elif key < best_key:
+                        best, best_key = i, key
             if best < 0:
                 break
             pq = queues[best]
@@ -361,7 +366,7 @@ class Dispatcher:
             load, s = heapq.heappop(heap)
             if s == rec.last_shard and heap and heap[0][0] == load:
                 load, s = heapq.heapreplace(heap, (load, s))
-            unit = self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, floors[best], now, updates)
+            unit = self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, floors[best], now, inflight)
             if fenced is not None:
                 free = [free[0] - cpu, free[1] - mem, free[2] - gpu]
             batches[s].append(unit)
@@ -370,8 +375,9 @@ class Dispatcher:
             if shares_matter:
                 shares[best] = usage.queue_share(rec.queue)
             n += 1
-        if store is not None and updates:
-            store.set_task_states(updates)
+        if inflight:
+            for (queue, tenant), (cpu, mem, gpu) in inflight.items():
+                usage.add_inflight(queue, tenant, cpu, mem, gpu)
         out = [UnitBatch(s, units) for s, units in enumerate(batches) if units]
         for b in out:
             self._shard_epoch[b.shard_id] = self._epoch
@@ -427,8 +433,10 @@ class Dispatcher:
         reclaim: frozenset[str],
         floors: tuple[QueueFloor, ...],
         now: float,
-        updates: Updates,
+        inflight: dict[tuple[str, str], list[int]] | None,
     ) -> Unit:
+        """Send the unit `idx` of `rec` to `shard`: its tasks scheduled, its cost in flight (added to
+        `inflight` per queue and tenant, when given, for the caller to add at once)."""
         states = rec.states
         for i in idx:
             states[i] = SCHEDULED
@@ -445,7 +453,16 @@ class Dispatcher:
         self._shard_load[shard] += 1
         self._waiting -= 1
         self._inflight += 1
-        self.usage.add_inflight(rec.queue, rec.tenant, *cost)
+        if inflight is None:
+            self.usage.add_inflight(rec.queue, rec.tenant, *cost)
+        else:
+            row = inflight.get((rec.queue, rec.tenant))
+            if row is None:
+                inflight[(rec.queue, rec.tenant)] = list(cost)
+            else:
+                row[0] += cost[0]
+                row[1] += cost[1]
+                row[2] += cost[2]
         self._held_back[rec.qi] = ""
         need = min(self._need(rec), count)
         return Unit(rec.job, idx, need, rec.attempt, reclaim, now, rec.n_held, floors)
@@ -461,10 +478,18 @@ class Dispatcher:
         shard = reply.shard_id
         if 0 <= shard < len(self._shard_refused):
             self._shard_refused[shard] = (self._shard_refused[shard][1], bool(reply.rejected))
+        # Whole units bound as dispatched (the common case) move from in flight to held in one
+        # step per queue and tenant at the end, without the per-task transition checks of _apply.
+        committed: dict[tuple[str, str], list[int]] = {}
         for acc in reply.accepted:
             rec = jobs.get(acc.job_id)
             if rec is None:
                 orphans.extend(task_id(acc.job_id, i) for i in acc.task_indexes)
+                continue
+            if self._bound_whole(rec, acc.task_indexes, committed):
+                self._resolve(rec, now, backoff=False)
+                if not rec.n_pending:
+                    rec.note, rec.diagnosis = "", None
                 continue
             states = rec.states
             changes: list[tuple[int, TaskState]] = []
@@ -486,6 +511,9 @@ class Dispatcher:
             if not rec.n_pending:
                 # Every task is placed: the reasons of earlier attempts no longer say anything.
                 rec.note, rec.diagnosis = "", None
+        usage = self.usage
+        for (queue, tenant), (cpu, mem, gpu) in committed.items():
+            usage.commit(queue, tenant, cpu, mem, gpu)
         for rej in reply.rejected:
             rec = jobs.get(rej.job_id)
             if rec is None or rec.where is not Where.INFLIGHT:
@@ -506,6 +534,38 @@ class Dispatcher:
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         return orphans
+
+    @staticmethod
+    def _bound_whole(
+        rec: JobRecord, indexes: tuple[int, ...], committed: dict[tuple[str, str], list[int]]
+    ) -> bool:
+        """If `indexes` are exactly the unit in flight's tasks, all still scheduled: mark them bound,
+        add their cost to `committed` and return True; else change nothing and return False."""
+        if rec.where is not Where.INFLIGHT or rec.cancelled or rec.unsched or len(indexes) != rec.n_scheduled:
+            return False
+        states = rec.states
+        if len(indexes) == 1:
+            if states[indexes[0]] is not SCHEDULED:
+                return False
+            states[indexes[0]] = BOUND
+        else:
+            if len(set(indexes)) != len(indexes) or not all(states[i] is SCHEDULED for i in indexes):
+                return False
+            for i in indexes:
+                states[i] = BOUND
+        k = len(indexes)
+        rec.n_scheduled = 0
+        rec.n_held += k
+        rec.failures = 0
+        cpu, mem, gpu = rec.cost_of(indexes)
+        row = committed.get((rec.queue, rec.tenant))
+        if row is None:
+            committed[(rec.queue, rec.tenant)] = [cpu, mem, gpu]
+        else:
+            row[0] += cpu
+            row[1] += mem
+            row[2] += gpu
+        return True
 
     def on_unschedulable(self, items: Sequence[Unschedulable]) -> None:
         """Tasks a shard could not place: back to pending; the job retries after a backoff."""

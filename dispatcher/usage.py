@@ -68,6 +68,10 @@ class UsageTracker:
     def has_capacity(self) -> bool:
         return self._n_res > 0
 
+    @property
+    def has_listeners(self) -> bool:
+        return bool(self._listeners)
+
     def subscribe(self, fn: Listener) -> None:
         """Call `fn(tenant)` whenever that tenant's held + in-flight usage changes."""
         self._listeners.append(fn)

@@ -174,19 +174,27 @@ class DispatcherCore:
         assert isinstance(unschedulable, list)
         if unschedulable:
             self.dispatcher.on_unschedulable(unschedulable)
-        accepted = {a.job_id for a in reply.accepted}
-        self.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
+        if reply.rejected:
+            accepted = {a.job_id for a in reply.accepted}
+            self.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
+        dispatched_at, latencies, waits = self.dispatched_at, self.latencies, self.wait_latencies
+        d = self.dispatcher
+        bound, last = 0, self.last_bind
         for acc in reply.accepted:
-            self.bound_tasks += len(acc.task_indexes)
-            self.last_bind = max(self.last_bind, acc.bind_time)
-            started = self.dispatched_at.pop(acc.job_id, 0.0)
-            if started and len(self.latencies) < LATENCY_KEEP:
-                self.latencies.extend([acc.bind_time - started] * len(acc.task_indexes))
-            if len(self.wait_latencies) < LATENCY_KEEP and acc.job_id in self.dispatcher:
-                submitted = self.dispatcher.job(acc.job_id).submit_time
-                self.wait_latencies.extend([acc.bind_time - submitted] * len(acc.task_indexes))
+            n = len(acc.task_indexes)
+            bound += n
+            t = acc.bind_time
+            if t > last:
+                last = t
+            started = dispatched_at.pop(acc.job_id, 0.0)
+            if started and len(latencies) < LATENCY_KEEP:
+                latencies.extend([t - started] * n)
+            if len(waits) < LATENCY_KEEP and acc.job_id in d:
+                waits.extend([t - d.job(acc.job_id).submit_time] * n)
+        self.bound_tasks += bound
+        self.last_bind = last
         for rej in reply.rejected:
-            self.dispatched_at.pop(rej.job_id, None)
+            dispatched_at.pop(rej.job_id, None)
 
     def requeue_in_flight(self, shard_id: int, binder_incarnation: str) -> int:
         if binder_incarnation != self.binder_incarnation:

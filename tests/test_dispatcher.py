@@ -948,3 +948,83 @@ def test_explain_says_when_a_job_is_past_its_deadline() -> None:
     assert "deadline" not in d.explain("late")
     clock.advance(70.0)
     assert "past its deadline by 60s (deadlines order the queue; nothing is stopped)" in d.explain("late")
+
+
+def _reply_cases() -> list[tuple[str, list[QueueConfig], list[tuple[str, str]]]]:
+    """(case, queues, [(job id, how the binder answers its unit)]): "whole", "part" (all but the
+    last task), "cancel" (job cancelled while in flight)."""
+    drf = [QueueConfig(name="default", policy="drf")]
+    capped = [QueueConfig(name="default", max_share=0.9), QueueConfig(name="other", guarantee=0.1)]
+    answers = [("one", "whole"), ("gang", "whole"), ("mixed", "whole"), ("part", "part")]
+    return [
+        ("fifo", [], answers),
+        ("drf", drf, answers),
+        ("capped", capped, answers),
+        ("cancelled", [], [("one", "cancel"), ("gang", "whole"), ("mixed", "cancel")]),
+    ]
+
+
+def _answer(d: Dispatcher, batches, answers: dict[str, str]) -> BindReply:
+    acc = []
+    for u in units(batches):
+        how = answers.get(u.job.id, "whole")
+        idx = list(u.task_indexes)
+        if how == "part":
+            idx = idx[:-1]
+        elif how == "cancel":
+            d.cancel(u.job.id)
+        acc.append(AcceptedUnit.of(u.job.id, u.attempt, [Placement(i, "n1") for i in idx], 0.0))
+    return BindReply(acc, [], [], [], 1)
+
+
+@pytest.mark.parametrize(
+    "case, queues, answers", _reply_cases(), ids=lambda c: c if isinstance(c, str) else ""
+)
+def test_whole_units_bound_in_one_step_match_the_per_task_path(case, queues, answers, monkeypatch) -> None:
+    """The reply's shortcut for units bound whole (Dispatcher._bound_whole) leaves the dispatcher as
+    the per-task transitions would: states, counts, usage per queue and tenant, what goes next."""
+
+    def run(shortcut: bool) -> tuple[object, ...]:
+        with monkeypatch.context() as m:
+            if not shortcut:
+                m.setattr(Dispatcher, "_bound_whole", staticmethod(lambda rec, idx, committed: False))
+            d, _ = dispatcher(*queues, shards=1)
+            d.set_cluster_capacity(100 * CPU, 100 * GI, 8000)
+            d.submit(make_job("one").cpu("1").tenant("t1").build())
+            d.submit(make_job("gang").cpu("2").mem("1Gi").replicas(3).min_member(3).tenant("t2").build())
+            d.submit(make_job("mixed").cpu("1").gpus(1).group("w").cpu("3").replicas(2).tenant("t1").build())
+            d.submit(make_job("part").cpu("1").replicas(3).min_member(1).tenant("t2").build())
+            ids = ["one", "gang", "mixed", "part"]
+            d.on_reply(_answer(d, d.next_batches(), dict(answers)))
+            again = [(u.job.id, u.task_indexes) for u in units(d.next_batches())]
+            usage = {
+                (kind, name, part): d.usage.usage(kind, name, part).tolist()
+                for kind, names in (("queue", ("default",)), ("tenant", ("t1", "t2", "default")))
+                for name in names
+                for part in ("held", "inflight")
+            }
+            states = {j: d.task_states(j) for j in ids if j in d}
+            records = {  # the counts the dispatcher's next decisions read (units' min_needed, finishing)
+                j: (r.n_pending, r.n_scheduled, r.n_held, r.failures, r.where)
+                for j in ids
+                if (r := d._jobs.get(j)) is not None
+            }
+            before = (
+                states,
+                records,
+                {j: d.job_state(j) for j in ids},
+                d.pending_count(),
+                d.in_flight_count(),
+            )
+            # End every bound task: the counts the shortcut kept must let each job finish.
+            d.on_released(
+                [f"{j}/{i}" for j, st in states.items() for i, s in enumerate(st) if s is B],
+                TaskState.SUCCEEDED,
+            )
+            after = ({j: d.job_state(j) for j in ids}, d.usage.usage("queue", "default", "held").tolist())
+            return before, usage, again, after
+
+    shortcut, per_task = run(True), run(False)
+    assert shortcut == per_task
+    held = shortcut[1][("queue", "default", "held")]
+    assert held[0] > 0  # something was bound: the comparison is not between two empty states
