@@ -75,6 +75,9 @@ class AgentSession:
     # end belongs to the killed run, and a relaunch waits for it, so an old run never stands in for
     # a new placement of the same task.
     killing: dict[str, float] = field(default_factory=dict)
+    # What each run launched from this session holds (memory, GPU indexes), kept while it is
+    # being stopped: the room of a run that has not ended yet is not free on the machine.
+    uses: dict[str, tuple[int, frozenset[int]]] = field(default_factory=dict)
     connected: bool = False
     limits: str = ""
     grace_s: float = 0.0  # allowed on top of the node timeout (an agent expected back after a restart)
@@ -280,6 +283,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 if tid not in session.killing:
                     r.started.append((node, tid))
             elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
+                session.uses.pop(tid, None)
                 if session.killing.pop(tid, None) is not None:
                     return  # the end of a run we stopped: the binder released it already
                 r.ended.append((session, tid))
@@ -405,6 +409,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             with self._lock:  # a kill never answered (the task had already gone) expires
                 for tid in [tid for tid, until in s.killing.items() if until < now]:
                     del s.killing[tid]
+                    s.uses.pop(tid, None)
                 killing = set(s.killing)
             want = runs.get(s.node, {})
             with self._lock:
@@ -427,14 +432,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         snaps = {j: snap for j, snap in zip(job_ids, control.jobs(job_ids, placements=True), strict=True)}
         by_node = {s.node: s for s in live}
         attempts = control.task_attempts([t for tids in launches.values() for t in tids]) if launches else {}
-        for node, tids in launches.items():
-            s = by_node[node]
-            for tid in tids:
-                msg = _launch(tid, snaps.get(split_task_id(tid)[0]), attempts.get(tid, 0))
-                if msg is not None:
-                    self.logs.reset(tid)  # a new run: its output replaces the last run's
-                    s.sent[tid] = runs[node][tid]
-                    s.outbox.put(agent_pb2.SchedulerMessage(launch=msg))
+        # Kills first: a launch onto the room of a run being stopped waits for that run's end.
         for node, tids in kills.items():
             s = by_node[node]
             for tid in tids:
@@ -444,6 +442,36 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 reason = _kill_reason(tid, snaps.get(split_task_id(tid)[0]))
                 kill = agent_pb2.KillTask(task_id=tid, grace_period_s=self.kill_grace_s, reason=reason)
                 s.outbox.put(agent_pb2.SchedulerMessage(kill=kill))
+        for node, tids in launches.items():
+            s = by_node[node]
+            msgs = [
+                m for m in (_launch(t, snaps.get(split_task_id(t)[0]), attempts.get(t, 0)) for t in tids) if m
+            ]
+            for msg in self._not_on_dying_room(control, s, msgs):
+                tid = msg.task_id
+                self.logs.reset(tid)  # a new run: its output replaces the last run's
+                with self._lock:
+                    s.sent[tid] = runs[node][tid]
+                    s.uses[tid] = (msg.memory, frozenset(g.index for g in msg.gpus))
+                s.outbox.put(agent_pb2.SchedulerMessage(launch=msg))
+
+    def _not_on_dying_room(
+        self, control: ControlPlane, s: AgentSession, msgs: list[agent_pb2.LaunchTask]
+    ) -> list[agent_pb2.LaunchTask]:
+        """The launches that may start now. The binder hands a victim's room over when it evicts it,
+        but the victim runs on through its grace period: a launch waits for the ends of the runs being
+        stopped on its node when it would share a GPU with one of them, or when the machine's memory
+        would not hold them all (as Kubernetes starts a preemptor only once its victims are gone)."""
+        with self._lock:
+            dying = [s.uses[t] for t in s.killing if t in s.uses]
+        if not dying or not msgs:
+            return msgs
+        dying_gpus = frozenset().union(*(gpus for _, gpus in dying))
+        (snap,) = control.nodes([s.node]) or (None,)
+        over_memory = snap is not None and snap.memory_used + sum(m for m, _ in dying) > snap.node.memory
+        if over_memory:
+            return []
+        return [m for m in msgs if dying_gpus.isdisjoint(g.index for g in m.gpus)]
 
 
 def _launch(tid: str, snap: JobSnapshot | None, attempt: int) -> agent_pb2.LaunchTask | None:

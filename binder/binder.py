@@ -409,8 +409,9 @@ class Binder:
         victims = [v for v, row in unit.victims.items() if row in rows]
         scope.claimed_victims.update(victims)
         out.evicted = self._evict(victims, job.id, out.changes, writes, scope)
-        # Phase 2: wait until they are gone. Evictions are simulated (immediate) until node agents
-        # exist; this is where the binder will wait for their termination.
+        # Phase 2: their room is free in the truth. Their runs stop on their machines through the
+        # grace period; the agent gateway holds a launch that needs a victim's GPU or memory until
+        # that run's end is in (api/agents.py), so the binder need not wait here.
         self._confirm_released(victims)
         # Phase 3: bind.
         for c in alive:
@@ -471,7 +472,8 @@ class Binder:
         return out
 
     def _confirm_released(self, task_ids: Sequence[str]) -> None:
-        """Phase 2 of preemption. Simulated: eviction is immediate, so they must already be gone."""
+        """Phase 2 of preemption: the victims must be gone from the truth (their runs' ends are the
+        agent gateway's to wait for)."""
         task_row = self.truth.arrays.task_row
         still = [t for t in task_ids if t in task_row]
         if still:

@@ -29,11 +29,13 @@ TIMEOUT_S = 1.0
 class ScriptedAgent:
     """Registers a node and holds the stream; the test decides what it reports."""
 
-    def __init__(self, target: str, name: str) -> None:
+    def __init__(self, target: str, name: str, *, gpus: int = 0) -> None:
         self.channel = grpc.insecure_channel(target)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         # as an agent with a working docker labels its node (so tasks with an image may come)
-        node = convert.node_to_proto(make_node(name, 4000, 8 * 2**30, labels={RUNTIME_LABEL: "docker"}))
+        node = convert.node_to_proto(
+            make_node(name, 4000, 8 * 2**30, gpus=gpus, labels={RUNTIME_LABEL: "docker"})
+        )
         reply = stub.Register(agent_pb2.RegisterRequest(node=node, agent_version="test"), timeout=10)
         self.name, self.session = reply.node_name, reply.session_id
         self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
@@ -471,5 +473,44 @@ def test_following_a_cancelled_tasks_output_waits_for_the_last_words_of_its_run(
             follower.join(timeout=10)
             assert errs == []
             assert not follower.is_alive() and b"".join(got) == b"up\nterm\n"
+    finally:
+        agent.close()
+
+
+# (what the running low-priority task holds, what the high-priority arrival asks for, whether the
+# arrival's launch waits for the victim's end). The node: 4 cores, 8 GiB, 2 GPUs.
+PREEMPTIONS = [
+    ("same GPU", {"gpus": 1, "cpu": "1"}, {"gpus": 2, "cpu": "1"}, True),
+    ("memory", {"cpu": "1", "memory": "6Gi"}, {"cpu": "1", "memory": "6Gi"}, True),
+    ("CPU only", {"cpu": "3"}, {"cpu": "3"}, False),  # a core shared for the grace period: no harm
+]
+
+
+@pytest.mark.parametrize("case, low, high, waits", PREEMPTIONS, ids=[c[0] for c in PREEMPTIONS])
+def test_a_preemptor_starts_once_its_victim_has_ended_when_they_would_share_a_gpu_or_memory(
+    master: ServerHandle, case: str, low: dict[str, object], high: dict[str, object], waits: bool
+) -> None:
+    """The binder hands the victim's room over when it evicts it; the victim runs on through its
+    grace period. A launch onto a GPU or memory the victim still holds waits for its end."""
+    agent = ScriptedAgent(master.target, "p1", gpus=2)
+    agent.keep_beating()
+    try:
+        with Client(master.target, timeout=10) as client:
+            client.submit({"id": "low", "priority": 0, "command": "sleep 100", **low})
+            victim = agent.launches.get(timeout=10)
+            agent.report(victim.task_id, pb.TASK_STATE_RUNNING)
+            wait_for("low running", lambda: client.get("low").state is JobState.RUNNING)
+            client.submit({"id": "high", "priority": 100, "command": "true", **high})
+            kill = agent.kills.get(timeout=10)
+            assert kill.task_id == victim.task_id
+            if waits:
+                with pytest.raises(queue.Empty):  # the victim has not ended: nothing starts on its room
+                    agent.launches.get(timeout=1.5)
+                assert client.get("high").tasks[0].state is TaskState.BOUND
+                agent.report(victim.task_id, pb.TASK_STATE_FAILED, exit_code=143, message="killed: preempted")
+            launch = agent.launches.get(timeout=10)
+            assert launch.task_id == "high/0"
+            if not waits:  # started beside the victim still stopping
+                assert agent.kills.empty() and client.get("low").tasks[0].state is not TaskState.RUNNING
     finally:
         agent.close()
