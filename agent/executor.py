@@ -8,9 +8,14 @@ did, so that the agent that started it sees the task's own exit code or signal. 
 SIGTERM to the group, then SIGKILL after the grace period. Where cgroup v2 is writable, each task
 gets its own cgroup with its CPU and memory limits (the shim stays outside it), and an
 out-of-memory kill is reported as such.
+
+A process that leaves the group (setsid) is the task's all the same: a kill signals it too, and it
+is killed when the task's process ends, as Slurm kills what a job leaves behind. The cgroup holds
+all of the task's processes where there is one; elsewhere they are found by their ancestry and by
+the run's mark in their environment (agent/proctrack.py), once per poll for all of its kills and
+ends, never per heartbeat.
 """
 
-import contextlib
 import os
 import select
 import signal
@@ -20,8 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gosched.agent import shim
+from gosched.agent import proctrack, shim
 from gosched.agent.cgroups import CgroupSupport, TaskCgroup
+from gosched.agent.proctrack import NONCE_VAR, Tracked, new_nonce
 
 SHIM = str(Path(shim.__file__))  # run as a file, by path: it needs nothing of the gosched package
 SHIM_READY_S = 10.0  # how long a launch waits for the shim to say whether the task started
@@ -36,6 +42,7 @@ class TaskSpec:
     cwd: str | None = None
     cpu_milli: int = 0
     memory: int = 0
+    nonce: str = field(default_factory=new_nonce)  # marks this run's processes (NONCE_VAR); "": none
 
 
 @dataclass(slots=True)
@@ -54,8 +61,10 @@ class _Running:
     stdout: Path
     stderr: Path
     cgroup: TaskCgroup | None
+    tracked: Tracked  # what finds its processes outside its group
     kill_requested: bool = False
     kill_deadline: float | None = None
+    terminate: bool = False  # its processes outside the group are due the kill's SIGTERM
 
 
 def task_env(spec: TaskSpec, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -66,6 +75,10 @@ def task_env(spec: TaskSpec, base: dict[str, str] | None = None) -> dict[str, st
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible or "none"
     env["GOSCHED_TASK_ID"] = spec.task_id
+    if spec.nonce:
+        env[NONCE_VAR] = spec.nonce
+    else:
+        env.pop(NONCE_VAR, None)  # not an outer run's: it would never be this run's
     return env
 
 
@@ -116,7 +129,9 @@ class ShellExecutor:
                 cgroup.remove()
             return TaskExit(spec.task_id, None, "failed_to_start", message=why)
         assert proc is not None
-        self.running[spec.task_id] = _Running(spec, proc, out_path, err_path, cgroup)
+        # The shim is our child and not yet waited for: its pid names it, its start time is its own.
+        tracked = Tracked(proc.pid, proctrack.start_ticks(proc.pid), spec.nonce, cgroup)
+        self.running[spec.task_id] = _Running(spec, proc, out_path, err_path, cgroup, tracked)
         return None
 
     def pid(self, task_id: str) -> int | None:
@@ -125,36 +140,55 @@ class ShellExecutor:
         run = self.running.get(task_id)
         return None if run is None else run.proc.pid
 
+    def nonce(self, task_id: str) -> str:
+        """The mark in a running task's environment (NONCE_VAR): what finds the processes that
+        left its group, for an agent that adopts it."""
+        run = self.running.get(task_id)
+        return "" if run is None else run.spec.nonce
+
     def cgroup_path(self, task_id: str) -> Path | None:
         run = self.running.get(task_id)
         return None if run is None or run.cgroup is None else run.cgroup.path
 
     def kill(self, task_id: str, grace_s: float = 10.0) -> bool:
-        """SIGTERM the task's process group now, SIGKILL it after `grace_s` (see poll)."""
+        """SIGTERM the task's process group now, and its processes that left the group at the
+        next poll (one look for all the kills of a poll); SIGKILL all of it after `grace_s`."""
         run = self.running.get(task_id)
         if run is None:
             return False
         run.kill_requested = True
         run.kill_deadline = time.monotonic() + grace_s
-        _signal_group(run.proc.pid, signal.SIGTERM)
+        run.terminate = True
+        proctrack.signal_group(run.proc.pid, signal.SIGTERM)
         return True
 
     def poll(self) -> list[TaskExit]:
         """Tasks that ended since the last poll; escalates kills whose grace has run out."""
-        ended: list[TaskExit] = []
+        terminate: list[Tracked] = []
+        kill: list[Tracked] = []
+        ended: list[tuple[_Running, int]] = []
         now = time.monotonic()
         for task_id, run in list(self.running.items()):
             code = run.proc.poll()
             if code is None:
                 if run.kill_deadline is not None and now >= run.kill_deadline:
-                    _signal_group(run.proc.pid, signal.SIGKILL)
+                    kill.append(run.tracked)
                     run.kill_deadline = None
+                elif run.terminate:
+                    terminate.append(run.tracked)
+                run.terminate = False
                 continue
-            # The leader is gone; make sure nothing of its group lingers.
-            _signal_group(run.proc.pid, signal.SIGKILL)
+            # The leader is gone: nothing of the task may linger. Its shim killed all the task
+            # left, unless it could not (it was killed, say): then the agent looks for it.
+            if shim.read_swept(self.status_path(task_id)):
+                proctrack.signal_group(run.proc.pid, signal.SIGKILL)
+            else:
+                kill.append(run.tracked)
             del self.running[task_id]
-            ended.append(self._exit(run, code))
-        return ended
+            ended.append((run, code))
+        proctrack.terminate(terminate)
+        proctrack.kill(kill)
+        return [self._exit(run, code) for run, code in ended]
 
     def _exit(self, run: _Running, code: int) -> TaskExit:
         task_id = run.spec.task_id
@@ -221,11 +255,6 @@ def _read_until_eof(fd: int, timeout_s: float) -> str:
             break
         data += chunk
     return data.decode(errors="replace")
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def _is_program_file(word: str) -> bool:

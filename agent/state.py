@@ -33,6 +33,7 @@ class SavedTask:
     container_name: str = ""
     cgroup: str = ""
     exit_file: str = ""  # where the task's shim records its exit code; "": an agent without shims
+    nonce: str = ""  # the mark in its processes' environment (agent/proctrack.py); "": none known
     final_state: int = 0  # a TaskState once it ended and its status is not yet sent; 0: not ended
     final_exit_code: int = 0
     final_message: str = ""

@@ -104,6 +104,7 @@ class TaskRecord:
     created: float = 0.0  # the process's creation time: with the pid, what identifies it
     cgroup: str = ""
     exit_file: str = ""  # where the task's shim records its exit code
+    nonce: str = ""  # the mark in the environment of the run's processes (agent/proctrack.py)
     adopted: AdoptedProcess | None = None  # set when a previous agent process started it
     started_at: float = 0.0  # monotonic, of the current run
     restarts: int = 0
@@ -258,6 +259,7 @@ class TaskTable:
                     container_name=rec.container.name if rec.container else "",
                     cgroup=rec.cgroup,
                     exit_file=rec.exit_file,
+                    nonce=rec.nonce,
                     final_state=final.state if final is not None else 0,
                     final_exit_code=final.exit_code if final is not None else 0,
                     final_message=final.message if final is not None else "",
@@ -276,7 +278,7 @@ class TaskTable:
                 log.warning("state of task %s is unreadable (%s): dropped", s.task_id, exc)
                 continue
             logs = TaskLogs.of(s.task_id, Path(s.stdout), Path(s.stderr), (s.stdout_offset, s.stderr_offset))
-            rec = TaskRecord(msg, logs, cgroup=s.cgroup, exit_file=s.exit_file)
+            rec = TaskRecord(msg, logs, cgroup=s.cgroup, exit_file=s.exit_file, nonce=s.nonce)
             if s.container_name:
                 rec.container = Container(s.container_runtime, s.container_name)
             self.records[s.task_id] = rec
@@ -285,7 +287,7 @@ class TaskTable:
                 rec.final = task_status(s.task_id, final_state, s.final_exit_code, s.final_message)
             elif same_process_alive(s.pid, s.create_time):
                 rec.pid, rec.created = s.pid, s.create_time
-                rec.adopted = AdoptedProcess(s.pid, s.create_time)
+                rec.adopted = AdoptedProcess(s.pid, s.create_time, s.nonce, s.cgroup, s.exit_file)
                 rec.started_at = time.monotonic()
                 alive += 1
             elif s.pid and rec.exit_file and read_status(rec.exit_file) is not None:
@@ -343,6 +345,7 @@ class TaskTable:
         cgroup = self.executor.cgroup_path(task_id)
         rec.cgroup = "" if cgroup is None else str(cgroup)
         rec.exit_file = str(self.executor.status_path(task_id))
+        rec.nonce = self.executor.nonce(task_id)
         rec.adopted = None
         rec.started_at = time.monotonic()
         self.dirty = True
