@@ -182,7 +182,18 @@ class Placer:
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
             diagnosis = replace(diagnosis, note=note)
+        if ctx.protected:  # lower-priority tasks were in the way, but a rule kept them
+            note = "; ".join(filter(None, (diagnosis.note, protected_note(ctx.protected))))
+            diagnosis = replace(diagnosis, note=note)
         return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt, ctx.victims_in_flight)
+
+
+def protected_note(protected: dict[str, int]) -> str:
+    """'no preemption: evicting lower-priority tasks would break job a's disruption budget (0) on
+    1 node', the rules that kept the victim search from the room it needed."""
+    by_nodes = sorted(protected.items(), key=lambda item: -item[1])
+    rules = ", ".join(f"{why} on {n} node{'s' if n != 1 else ''}" for why, n in by_nodes)
+    return f"no preemption: evicting lower-priority tasks would break {rules}"
 
 
 def _largest_first(unit: Unit) -> tuple[int, ...]:

@@ -162,7 +162,7 @@ class Pricer:
       then reclaim from the others, whose higher-priority tasks preempt it back, for ever.
     """
 
-    __slots__ = ("_taken", "adds", "ctx", "done", "floors", "own_job", "own_queue", "state")
+    __slots__ = ("_taken", "adds", "ctx", "done", "floors", "own_job", "own_queue", "refused", "state")
 
     def __init__(
         self, state: ClusterArrays, ctx: UnitContext, request: ResourceRequest | None = None
@@ -180,6 +180,7 @@ class Pricer:
             if action == EVICT and r.job_id != self.own_job:
                 self.done.setdefault(r.job_id, []).append(r)
         self._taken: dict[str, Use] | None = None
+        self.refused = ""  # the rule the last refused price() broke, as explain tells it
 
     def _floored(self, r: Resident) -> bool:
         return r.queue in self.floors
@@ -239,6 +240,7 @@ class Pricer:
             before = self._removed(first, prior)
             after = self._removed(first, [*prior, *vs])
             if first.disruption_budget is not None and after[0] > first.disruption_budget:
+                self.refused = f"job {first.job_id}'s disruption budget ({first.disruption_budget})"
                 return None
             n = after[0] - before[0]
             lost += n
@@ -259,6 +261,7 @@ class Pricer:
                 # census was taken (the view it counted had not seen them).
                 left = [x + a + p for x, a, p in zip(left, self.adds, self._placed_since(), strict=True)]
             if not floor_kept(left, floor):
+                self.refused = f"queue {queue}'s guarantee"
                 return None  # the queue would fall below its guarantee
         return lost, lost_priority
 
@@ -402,12 +405,17 @@ def find_candidate(
     pricer = Pricer(state, ctx, req)
     # A row where the task would fit if placements still awaiting the binder were victims too.
     held_back = False
+    # Rows where evicting the tasks some rule protects (a disruption budget, a queue's guarantee)
+    # would have made room, per rule: what explain says when no candidate is found.
+    protected: dict[str, int] = {}
     for row in np.flatnonzero(base).tolist():
         residents = state.residents[row]
         if not residents:
             continue
         eligible: list[Resident] = []
         in_flight: list[Resident] = []
+        kept: list[Resident] = []  # lower-priority tasks a rule protects
+        rules: set[str] = set()
         for r in residents.values():
             if r.job_id == job_id:
                 continue
@@ -418,18 +426,29 @@ def find_candidate(
                 continue
             if pricer.simple(r) or pricer.price([r]) is not None:
                 (in_flight if r.task_id in assumed else eligible).append(r)
+            else:
+                kept.append(r)
+                rules.add(pricer.refused)
         if in_flight and not held_back:
             held_back = could_fit(tc, state, row, eligible + in_flight)
+        if kept and could_fit(tc, state, row, eligible + in_flight + kept):
+            for why in rules:
+                protected[why] = protected.get(why, 0) + 1
         if not eligible or not could_fit(tc, state, row, eligible):
             continue
+        pricer.refused = ""
         candidate = victims_on_row(entry, state, row, eligible, pricer)
         if candidate is not None:
             candidates.append(candidate)
             if len(candidates) >= limit:
                 break
+        elif pricer.refused and not kept:  # the set the task needs breaks a rule as a whole
+            protected[pricer.refused] = protected.get(pricer.refused, 0) + 1
     if not candidates:
         # Bound, those placements could be evicted: the verdict holds only until they are.
         ctx.victims_in_flight = ctx.victims_in_flight or held_back
+        for why, rows in protected.items():
+            ctx.protected[why] = max(rows, ctx.protected.get(why, 0))
         return None
     for sorter in profile.candidate_sorting:
         candidates = sorter.sort(candidates)

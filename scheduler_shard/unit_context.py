@@ -31,6 +31,9 @@ class UnitContext:
     victims_by_job: dict[str, int] = field(default_factory=dict)
     # The victim search passed over a task it could have evicted, because it awaits the binder.
     victims_in_flight: bool = False
+    # Why the victim search found no candidate though lower-priority tasks were in the way: the
+    # rules that protect them (a job's disruption budget, a queue's guarantee), for "why pending".
+    protected: dict[str, int] = field(default_factory=dict)  # reason -> nodes
     # Jobs and queues in the view before this unit's evictions (preemption.Census), built once
     # the unit's victims need pricing.
     census: "Census | None" = None

@@ -280,3 +280,47 @@ def test_a_fairness_queue_below_its_guarantee_reclaims_without_waiting(tmp_path:
     assert running("b", 50) >= 25
     p.run_until_idle()
     assert (running("a", 100), running("b", 50)) == (50, 50)
+
+
+# (case, queues, the low-priority jobs on the 4-core node as (tasks, cores each, min_member, queue,
+# disruption budget), what explain says about preemption for a 4-core job of priority 100, or
+# None: it preempts and binds).
+PROTECTED = [
+    ("budget 0", [], [(1, "4", 1, "default", 0)], "job low0's disruption budget (0) on 1 node"),
+    ("two tasks, budget 1", [], [(2, "2", 1, "default", 1)], "job low0's disruption budget (1) on 1 node"),
+    ("gang of 2, budget 1", [], [(2, "2", 2, "default", 1)], "job low0's disruption budget (1) on 1 node"),
+    ("one of two jobs, budget 1", [], [(1, "2", 1, "default", 1), (1, "2", 1, "default", None)], None),
+    (
+        "guarantee",
+        [QueueConfig(name="gq", guarantee=0.5)],
+        [(1, "4", 1, "gq", None)],
+        "queue gq's guarantee on 1 node",
+    ),
+    ("unprotected", [], [(1, "4", 1, "default", None)], None),
+]
+
+
+@pytest.mark.parametrize("case, queues, lows, said", PROTECTED, ids=[c[0] for c in PROTECTED])
+def test_explain_names_the_rule_that_kept_lower_priority_tasks_from_being_preempted(
+    tmp_path: Path,
+    case: str,
+    queues: list[QueueConfig],
+    lows: list[tuple[int, str, int, str, int | None]],
+    said: str | None,
+) -> None:
+    p = pipeline(
+        tmp_path, [make_node("n").cpu("4").build()], shards=1, queues=[QueueConfig(name="default"), *queues]
+    )
+    for i, (replicas, cpu, min_member, queue, budget) in enumerate(lows):
+        b = make_job(f"low{i}").cpu(cpu).replicas(replicas).min_member(min_member).queue(queue)
+        p.submit((b if budget is None else b.disruption_budget(budget)).build())
+    p.run_until_idle()
+    p.submit(make_job("high").cpu("4").priority(100).build())
+    p.run_until_idle()
+    explained = p.dispatcher.explain("high")
+    if said is None:
+        assert bound_node(p, "high/0") == "n", explained
+        assert "no preemption" not in explained
+    else:
+        assert bound_node(p, "high/0") is None
+        assert f"no preemption: evicting lower-priority tasks would break {said}" in explained
