@@ -23,13 +23,14 @@ class SpecError(ValueError):
 class AlreadyStored(ValueError):
     """A job id (or submission id) given to a store is there already; `field` says which."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, job_id: str = "") -> None:
         super().__init__(reason)
         self.field = field
         self.reason = reason
+        self.job_id = job_id  # the job that clashed, where known (a batch's error names its place)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return type(self), (self.field, self.reason)
+        return type(self), (self.field, self.reason, self.job_id)
 
 
 class QuantityError(ValueError):

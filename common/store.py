@@ -205,20 +205,22 @@ class Store:
             with self._tx() as c:
                 self._insert_jobs(c, jobs, t, if_missing=False)
         except sqlite3.IntegrityError as exc:
-            field, why = self._conflicts(jobs) or ("id", str(exc))
-            raise AlreadyStored(field, f"cannot store jobs: {why}") from exc
+            field, why, job_id = self._conflicts(jobs) or ("id", str(exc), "")
+            raise AlreadyStored(field, f"cannot store jobs: {why}", job_id) from exc
 
-    def _conflicts(self, jobs: Sequence[Job]) -> tuple[str, str] | None:
-        """What makes `jobs` clash with the stored ones (or with each other): (field, message)."""
+    def _conflicts(self, jobs: Sequence[Job]) -> tuple[str, str, str] | None:
+        """What makes `jobs` clash with the stored ones (or with each other): (field, message,
+        the job's id)."""
         seen_ids: set[str] = set()
         seen_subs: set[str] = set()
         for j in jobs:
             if j.id in seen_ids or self.get_job_state(j.id) is not None:
-                return "id", f"job {j.id} is already stored"
+                return "id", f"job {j.id} is already stored", j.id
             seen_ids.add(j.id)
             if j.submission_id:
                 if j.submission_id in seen_subs or self.find_submission(j.submission_id) is not None:
-                    return "submission_id", f"submission id {j.submission_id!r} of job {j.id} is already used"
+                    why = f"submission id {j.submission_id!r} of job {j.id} is already used"
+                    return "submission_id", why, j.id
                 seen_subs.add(j.submission_id)
         return None
 

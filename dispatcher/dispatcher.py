@@ -177,7 +177,11 @@ class Dispatcher:
             except AlreadyStored as exc:
                 # Known to the store only: finished and past retention, or in a queue no longer
                 # configured. Still taken: the id may not be reused.
-                raise SpecError(exc.field, f"{exc.reason} (ids must be new: it already exists)") from exc
+                field = exc.field
+                at = [k for k, job in enumerate(jobs) if job.id == exc.job_id]
+                if len(jobs) > 1 and at:
+                    field = f"jobs[{at[0]}].{field}"  # which of the batch
+                raise SpecError(field, f"{exc.reason} (ids must be new: it already exists)") from exc
         for job in new:
             self._register(job, [PENDING] * job.total_replicas)
         return ids

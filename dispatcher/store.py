@@ -53,7 +53,7 @@ class MemoryStore:
         self.calls["add_jobs"] += 1
         for job in jobs:
             if job.id in self.jobs:
-                raise AlreadyStored("id", f"job {job.id} is already stored")
+                raise AlreadyStored("id", f"job {job.id} is already stored", job.id)
         for job in jobs:
             self.jobs[job.id] = job
             self.states[job.id] = [TaskState.PENDING] * job.total_replicas

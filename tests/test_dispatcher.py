@@ -1028,3 +1028,20 @@ def test_whole_units_bound_in_one_step_match_the_per_task_path(case, queues, ans
     assert shortcut == per_task
     held = shortcut[1][("queue", "default", "held")]
     assert held[0] > 0  # something was bound: the comparison is not between two empty states
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_batch_reusing_an_id_known_to_the_store_only_names_its_place(kind: str, tmp_path) -> None:
+    from gosched.common.store import Store
+
+    store = MemoryStore() if kind == "memory" else Store(str(tmp_path / "s.db"))
+    d, _ = dispatcher(store=store)
+    d.submit(make_job("old").cpu("1").build())
+    d2, _ = dispatcher(store=store)  # not restored: "old" is known to the store only
+    with pytest.raises(SpecError, match="already exists") as err:
+        d2.submit_many([make_job("new").cpu("1").build(), make_job("old").cpu("1").build()])
+    assert err.value.field == "jobs[1].id"
+    assert "new" not in d2  # all or none
+    with pytest.raises(SpecError) as err:
+        d2.submit(make_job("old").cpu("1").build())
+    assert err.value.field == "id"
