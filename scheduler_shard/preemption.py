@@ -447,8 +447,8 @@ def find_candidate(
     if not candidates:
         # Bound, those placements could be evicted: the verdict holds only until they are.
         ctx.victims_in_flight = ctx.victims_in_flight or held_back
-        for why, rows in protected.items():
-            ctx.protected[why] = max(rows, ctx.protected.get(why, 0))
+        for why, nodes in protected.items():
+            ctx.protected[why] = max(nodes, ctx.protected.get(why, 0))
         return None
     for sorter in profile.candidate_sorting:
         candidates = sorter.sort(candidates)
