@@ -37,6 +37,7 @@ class SavedTask:
     final_state: int = 0  # a TaskState once it ended and its status is not yet sent; 0: not ended
     final_exit_code: int = 0
     final_message: str = ""
+    restarts: int = 0  # a service's restarts in this run, so far (reported to the master)
 
     @staticmethod
     def encode_launch(msg: agent_pb2.LaunchTask) -> str:

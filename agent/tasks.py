@@ -107,10 +107,12 @@ class TaskRecord:
     nonce: str = ""  # the mark in the environment of the run's processes (agent/proctrack.py)
     adopted: AdoptedProcess | None = None  # set when a previous agent process started it
     started_at: float = 0.0  # monotonic, of the current run
-    restarts: int = 0
+    restarts: int = 0  # of this run (this launch): each restart is reported to the master
     backoff_s: float = BACKOFF_FIRST_S
     restart_at: float | None = None  # a failed service waiting for its restart
     restart_why: str = ""
+    restart_code: int = NO_EXIT_CODE  # how the process behind the coming restart ended
+    restart_time: float = 0.0  # when (unix seconds)
     killed: str | None = None  # set when killed on purpose: the message of its final status
     stale: bool = False  # the master does not expect it: killed, never reported
     final: agent_pb2.TaskStatus | None = None  # it ended; sent once its logs are shipped
@@ -263,6 +265,7 @@ class TaskTable:
                     final_state=final.state if final is not None else 0,
                     final_exit_code=final.exit_code if final is not None else 0,
                     final_message=final.message if final is not None else "",
+                    restarts=rec.restarts,
                 )
             )
         return out
@@ -278,7 +281,9 @@ class TaskTable:
                 log.warning("state of task %s is unreadable (%s): dropped", s.task_id, exc)
                 continue
             logs = TaskLogs.of(s.task_id, Path(s.stdout), Path(s.stderr), (s.stdout_offset, s.stderr_offset))
-            rec = TaskRecord(msg, logs, cgroup=s.cgroup, exit_file=s.exit_file, nonce=s.nonce)
+            rec = TaskRecord(
+                msg, logs, cgroup=s.cgroup, exit_file=s.exit_file, nonce=s.nonce, restarts=s.restarts
+            )
             if s.container_name:
                 rec.container = Container(s.container_runtime, s.container_name)
             self.records[s.task_id] = rec
@@ -395,7 +400,7 @@ class TaskTable:
                 self._start(rec.relaunch)
             return
         if state == FAILED and rec.launch.service and rec.killed is None:
-            self._schedule_restart(rec, message)
+            self._schedule_restart(rec, message, exit_code)
             return
         rec.final = task_status(task_id, state, exit_code, message)
         self._say_end(rec.final)
@@ -408,12 +413,14 @@ class TaskTable:
         else:
             self.echo(f"{status.task_id} failed: {status.message}")
 
-    def _schedule_restart(self, rec: TaskRecord, why: str) -> None:
+    def _schedule_restart(self, rec: TaskRecord, why: str, exit_code: int = NO_EXIT_CODE) -> None:
         now = time.monotonic()
         if now - rec.started_at >= STABLE_RUN_S:
             rec.backoff_s = BACKOFF_FIRST_S
         rec.restart_at = now + rec.backoff_s
         rec.restart_why = why
+        rec.restart_code = exit_code
+        rec.restart_time = time.time()
         self.echo(f"{rec.task_id} (service) {why}; restarting in {rec.backoff_s:g}s")
         rec.backoff_s = min(rec.backoff_s * 2, BACKOFF_MAX_S)
         self.dirty = True
@@ -426,6 +433,9 @@ class TaskTable:
         if why is not None:
             self._schedule_restart(rec, why)
             return
-        message = f"restarted after {rec.restart_why} (restart {rec.restarts})"
-        self.report(task_status(rec.task_id, RUNNING, 0, message))
-        self.echo(f"{rec.task_id} {message}")
+        # One status per restart: the master shows the count and the latest reason (`gosched get`).
+        status = task_status(rec.task_id, RUNNING, rec.restart_code, rec.restart_why)
+        status.restarts = rec.restarts
+        status.last_exit_time = rec.restart_time
+        self.report(status)
+        self.echo(f"{rec.task_id} restarted after {rec.restart_why} (restart {rec.restarts})")

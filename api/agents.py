@@ -10,6 +10,8 @@ tasks the agent says it runs.
 Agents report through the stream; their reports are queued and applied in batches by the tick,
 which runs in the scheduling thread under the service lock:
 * RUNNING -> the task is running; SUCCEEDED / FAILED -> it ended and frees its resources;
+* RUNNING with restarts -> the agent restarted the task's process (a service's): the service keeps
+  the count and the latest reason for the task's current attempt (`gosched get`, explain);
 * FAILED with a message starting "lost:" -> the agent no longer has it: it goes back to the queue.
 An agent silent for longer than `node_timeout_s` loses its node: the node becomes not ready and its
 tasks are queued again (a gang that drops below its min_member is evicted whole). When the agent
@@ -39,7 +41,7 @@ import grpc
 
 from gosched.api import convert
 from gosched.api.logs import LogStore
-from gosched.api.service import SchedulerService
+from gosched.api.service import SchedulerService, TaskRestarts
 from gosched.common.errors import SpecError
 from gosched.common.job import JobKind, split_task_id
 from gosched.common.node import AGENT_LABEL, AGENT_MAX_BACKOFF_S, OPERATOR_STATES, Node, NodeState
@@ -83,11 +85,24 @@ class AgentSession:
     grace_s: float = 0.0  # allowed on top of the node timeout (an agent expected back after a restart)
 
 
+@dataclass(frozen=True, slots=True)
+class _Restart:
+    """A restart report: the agent restarted the task's process (a service's) in its run."""
+
+    node: str
+    task_id: str
+    run: float | None  # when the run the agent was sent was bound (None: a run found there)
+    count: int
+    reason: str
+    at: float
+
+
 @dataclass
 class _Reports:
     """What agents reported since the last tick, as (reporting node, task id)."""
 
     started: list[tuple[str, str]] = field(default_factory=list)
+    restarts: list[_Restart] = field(default_factory=list)
     finished: dict[TaskState, list[tuple[str, str]]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # task id -> why it failed, where
     lost: list[tuple[str, str]] = field(default_factory=list)
@@ -282,6 +297,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             if state is TaskState.RUNNING:
                 if tid not in session.killing:
                     r.started.append((node, tid))
+                    if status.restarts > 0 and tid in session.sent:
+                        why = status.message or f"exit code {status.exit_code}"
+                        run, at = session.sent[tid], status.last_exit_time
+                        r.restarts.append(_Restart(node, tid, run, status.restarts, why, at))
             elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
                 session.uses.pop(tid, None)
                 if session.killing.pop(tid, None) is not None:
@@ -326,6 +345,8 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         started, lost = here(r.started), here(r.lost)
         if started:
             control.started(started)
+        if r.restarts:
+            self._note_restarts(control, r.restarts)
         for state, items in r.finished.items():
             tids = here(items)
             if tids:
@@ -337,6 +358,26 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             for session, tid in r.ended:
                 session.sent.pop(tid, None)
         return True
+
+    def _note_restarts(self, control: ControlPlane, restarts: list[_Restart]) -> None:
+        """Hand the service the restart reports of the runs still bound where they were sent: one
+        of a run evicted and bound to the node again meanwhile (not yet killed) would otherwise be
+        counted against the new attempt. Each report is noted with the task's attempt."""
+        runs = control.resident_runs(sorted({x.node for x in restarts}))
+        latest = {
+            x.task_id: x
+            for x in restarts
+            if x.task_id in runs.get(x.node, {}) and x.run in (None, runs[x.node][x.task_id])
+        }
+        if not latest:
+            return
+        attempts = control.task_attempts(sorted(latest))
+        self.service.note_restarts(
+            {
+                tid: TaskRestarts(attempts.get(tid, 0), x.count, x.reason, x.at, x.node)
+                for tid, x in latest.items()
+            }
+        )
 
     @staticmethod
     def _update_nodes(control: ControlPlane, updates: dict[str, Node]) -> bool:

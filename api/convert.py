@@ -350,6 +350,12 @@ class TaskInfo:
     state: TaskState
     node: str = ""
     gpus: tuple[tuple[int, int], ...] = ()  # (GPU index, milli)
+    # How many times its node agent restarted the task's process in this attempt (a service's task
+    # that failed; 0 again once it is placed anew), how the process behind the latest restart ended
+    # ("exit code 1") and when (unix seconds, the agent's clock; 0: no restart).
+    restarts: int = 0
+    last_restart_reason: str = ""
+    last_restart_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,6 +406,9 @@ def job_info_from_proto(msg: pb.Job) -> JobInfo:
                 state=task_state_from_proto(t.state) or TaskState.PENDING,
                 node=t.node,
                 gpus=tuple((g.index, g.milli) for g in t.gpus),
+                restarts=t.restarts,
+                last_restart_reason=t.last_restart_reason,
+                last_restart_time=t.last_restart_time,
             )
             for t in msg.tasks
         ),

@@ -14,13 +14,13 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import TypeAlias
 
 from gosched.common.config import QueueConfig
 from gosched.common.errors import SpecError
-from gosched.common.job import Job, task_id
+from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TERMINAL, JobState, TaskState
@@ -54,6 +54,18 @@ class Exhausted(ServiceError):
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRestarts:
+    """What a task's node agent said about restarting it (a service's task whose process failed),
+    within one attempt of the task: how many times, and how the process behind the latest ended."""
+
+    attempt: int  # the task's attempt (ControlPlane.task_attempts) the restarts belong to
+    count: int
+    reason: str = ""  # "exit code 1", "OOM killed", "failed to start: ..."
+    at: float = 0.0  # when that process ended: unix seconds, the agent's clock (0: unknown)
+    node: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class TaskView:
     id: str
     index: int
@@ -61,6 +73,9 @@ class TaskView:
     state: TaskState
     node: str = ""
     gpus: tuple[tuple[int, int], ...] = ()
+    restarts: int = 0  # by its node agent, in this attempt
+    last_restart_reason: str = ""
+    last_restart_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +116,9 @@ class JobPage:
 
 
 FAILURE_PAUSE_S = 0.5  # after a failed round or hook, before the next try
+# Tasks whose restarts are remembered (in memory): past this many, the jobs noted longest ago are
+# forgotten first.
+RESTARTS_KEPT = 100_000
 
 # Called under the lock from the scheduling thread between steps; True if it changed anything.
 TickHook = Callable[[ControlPlane], bool]
@@ -135,6 +153,10 @@ class SchedulerService:
         self.error: BaseException | None = None
         self._order: list[str] = []  # job ids, in submission order
         self._known: set[str] = set()
+        # Agent-reported restarts, job id -> task index -> the latest report (lock held). In memory
+        # only: a restarted master shows 0 until the next restart of each task.
+        self._restarts: dict[str, dict[int, TaskRestarts]] = {}
+        self._restarts_kept = 0
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -271,7 +293,43 @@ class SchedulerService:
 
     def get(self, job_id: str, *, tasks: bool = True) -> JobView:
         with self.lock:
-            return _job_view(self._snapshot(job_id, tasks), tasks)
+            return self._view(self._snapshot(job_id, tasks), tasks)
+
+    # -- restarts reported by node agents ------------------------------------------------------------
+    def note_restarts(self, restarts: Mapping[str, TaskRestarts]) -> None:
+        """Take agents' restart reports, by task id (lock held: the agent gateway's tick). A report
+        replaces the one before it: the agent's count is the run's total so far."""
+        for tid, rec in restarts.items():
+            job_id, index = split_task_id(tid)
+            noted = self._restarts.pop(job_id, {})  # back in last: the most recently noted job
+            self._restarts_kept += index not in noted
+            noted[index] = rec
+            self._restarts[job_id] = noted
+        while self._restarts_kept > RESTARTS_KEPT and len(self._restarts) > 1:
+            oldest = next(iter(self._restarts))
+            self._restarts_kept -= len(self._restarts.pop(oldest))
+
+    def _current_restarts(self, job_id: str) -> dict[int, TaskRestarts]:
+        """The job's restart reports that belong to its tasks' current attempts (lock held): a task
+        placed anew since (evicted, lost, requeued) starts again from none. One control-plane call,
+        and only for a job some agent reported restarts of."""
+        noted = self._restarts.get(job_id)
+        if not noted:
+            return {}
+        attempts = self.control.task_attempts([task_id(job_id, i) for i in noted])
+        current = {
+            i: rec for i, rec in noted.items() if attempts.get(task_id(job_id, i), rec.attempt) == rec.attempt
+        }
+        if len(current) < len(noted):  # an older attempt's: never current again
+            self._restarts_kept -= len(noted) - len(current)
+            if current:
+                self._restarts[job_id] = current
+            else:
+                del self._restarts[job_id]
+        return current
+
+    def _view(self, snap: JobSnapshot, tasks: bool) -> JobView:
+        return _job_view(snap, tasks, self._current_restarts(snap.job.id) if tasks else {})
 
     def list_jobs(
         self,
@@ -305,7 +363,7 @@ class SchedulerService:
                         continue
                     if state is not None and snap.state != state:
                         continue
-                    out.append(_job_view(snap, False))
+                    out.append(self._view(snap, False))
                     if len(out) == page_size:
                         break
             more = pos < len(self._order)
@@ -318,12 +376,18 @@ class SchedulerService:
                 raise FailedPrecondition(f"job {job_id!r} has already finished ({snap.state.value})")
             self.control.cancel(job_id)
             self.touch()
-            return _job_view(self._snapshot(job_id, True), True)
+            return self._view(self._snapshot(job_id, True), True)
 
     def explain(self, job_id: str) -> tuple[JobState, str]:
+        """The control plane's explanation, then a line per task its agent restarted (the count
+        and how the process behind the latest restart ended): a crash-looping service shows."""
         with self.lock:
             snap = self._snapshot(job_id, False)
-            return snap.state, self.control.explain(job_id)
+            why = self.control.explain(job_id)
+            restarts = self._current_restarts(job_id)
+        lines = [why] if why else []
+        lines.extend(restart_line(i, restarts[i]) for i in sorted(restarts))
+        return snap.state, "\n".join(lines)
 
     def watch(self, job_id: str, is_active: Callable[[], bool] = lambda: True) -> Iterator[JobView]:
         """The job now, then each change of its state or of its tasks; ends after a final state,
@@ -331,7 +395,7 @@ class SchedulerService:
         last: JobView | None = None
         while True:
             with self._changed:
-                view = _job_view(self._snapshot(job_id, True), True)
+                view = self._view(self._snapshot(job_id, True), True)
                 seen = self.version
             if view != last:
                 yield view
@@ -407,7 +471,17 @@ class SchedulerService:
             return self.control.pending_tasks()
 
 
-def _job_view(snap: JobSnapshot, tasks: bool) -> JobView:
+def restart_line(index: int, rec: TaskRestarts) -> str:
+    """`task 0 restarted 3 times by its agent, the latest after exit code 1 at 2025-01-02 10:31:02
+    UTC (on node-a)`: what explain says of a task its agent restarted."""
+    times = "once" if rec.count == 1 else f"{rec.count} times"
+    why = rec.reason or "an unknown exit"
+    at = time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(rec.at)) if rec.at > 0 else ""
+    on = f" (on {rec.node})" if rec.node else ""
+    return f"task {index} restarted {times} by its agent, the latest after {why}{at}{on}"
+
+
+def _job_view(snap: JobSnapshot, tasks: bool, restarts: Mapping[int, TaskRestarts] | None = None) -> JobView:
     job, states = snap.job, snap.task_states
     counts: dict[str, int] = {}
     for s in states:
@@ -418,4 +492,11 @@ def _job_view(snap: JobSnapshot, tasks: bool) -> JobView:
             TaskView(task_id(job.id, i), i, job.group_of(i).role, s, *snap.placements.get(i, ("", ())))
             for i, s in enumerate(states)
         )
+        if restarts:
+            views = tuple(
+                v
+                if (r := restarts.get(v.index)) is None
+                else replace(v, restarts=r.count, last_restart_reason=r.reason, last_restart_time=r.at)
+                for v in views
+            )
     return JobView(job, snap.state, views, counts)

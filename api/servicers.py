@@ -111,6 +111,9 @@ def job_message(view: JobView) -> pb.Job:
                 state=convert.task_state_to_proto(t.state),
                 node=t.node,
                 gpus=[pb.GpuAssignment(index=i, milli=m) for i, m in t.gpus],
+                restarts=t.restarts,
+                last_restart_reason=t.last_restart_reason,
+                last_restart_time=t.last_restart_time,
             )
             for t in view.tasks
         ],

@@ -174,7 +174,7 @@ def jobs(
 
 
 def get(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
-    """Show one job and its tasks with their nodes and GPUs."""
+    """Show one job and its tasks with their restarts, nodes and GPUs."""
     with _client(master) as client:
         info = client.get(job)
     out.emit(output, lambda: out.job_data(info, tasks=True), lambda: out.job_view(info))

@@ -57,6 +57,9 @@ def task_data(t: TaskInfo) -> dict[str, Any]:
         "state": t.state.value,
         "node": t.node,
         "gpus": [{"index": i, "milli": m} for i, m in t.gpus],
+        "restarts": t.restarts,
+        "last_restart_reason": t.last_restart_reason,
+        "last_restart_time": t.last_restart_time,
     }
 
 
@@ -176,9 +179,21 @@ def jobs_view(infos: Sequence[JobInfo], *, wide: bool = False) -> str:
     return h.table(headers, rows)
 
 
+def _restarts(t: TaskInfo, now: float) -> str:
+    """How many times its agent restarted the task, with how long ago the latest was, as kubectl
+    shows a pod's RESTARTS: "3 (42s ago)"."""
+    if not t.restarts or not t.last_restart_time:
+        return str(t.restarts)
+    return f"{t.restarts} ({h.age(now - t.last_restart_time)} ago)"
+
+
 def tasks_view(info: JobInfo) -> str:
-    rows = [[str(t.index), t.id, t.role, t.state.value, t.node, _gpus_held(t.gpus)] for t in info.tasks]
-    return h.table(["INDEX", "TASK", "ROLE", "STATE", "NODE", "GPUS"], rows)
+    now = time.time()
+    rows = [
+        [str(t.index), t.id, t.role, t.state.value, _restarts(t, now), t.node, _gpus_held(t.gpus)]
+        for t in info.tasks
+    ]
+    return h.table(["INDEX", "TASK", "ROLE", "STATE", "RESTARTS", "NODE", "GPUS"], rows)
 
 
 def _groups_text(info: JobInfo) -> str:
@@ -189,7 +204,7 @@ def _groups_text(info: JobInfo) -> str:
 
 
 def job_view(info: JobInfo) -> str:
-    """`gosched get`: the job in a few lines, then its tasks with node and GPUs."""
+    """`gosched get`: the job in a few lines, then its tasks with their restarts, node and GPUs."""
     job = info.job
     head = h.fields(
         [

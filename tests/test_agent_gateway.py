@@ -2,21 +2,26 @@
 that is not (or no longer) placed on the reporting node are dropped, never applied to another run,
 and an operator's cordon survives the node's loss and the agent's return."""
 
+import json
 import queue
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from typer.testing import CliRunner
 
 from gosched import Client
 from gosched.api import convert
 from gosched.api.agents import AgentGateway
 from gosched.api.server import ServerHandle, serve
+from gosched.cli.main import app
 from gosched.common.config import Settings
 from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Node, NodeState, make_node
 from gosched.common.states import JobState, TaskState
@@ -65,6 +70,19 @@ class ScriptedAgent:
 
     def report(self, task_id: str, state: int, exit_code: int = 0, message: str = "") -> None:
         status = agent_pb2.TaskStatus(task_id=task_id, state=state, exit_code=exit_code, message=message)
+        self.send(task_status=status)
+
+    def restarted(self, task_id: str, count: int, exit_code: int, message: str, at: float) -> None:
+        """As an agent says it restarted a service's process: the run's count so far, and how the
+        process before ended (and when)."""
+        status = agent_pb2.TaskStatus(
+            task_id=task_id,
+            state=pb.TASK_STATE_RUNNING,
+            exit_code=exit_code,
+            message=message,
+            restarts=count,
+            last_exit_time=at,
+        )
         self.send(task_status=status)
 
     def keep_beating(self, every_s: float = 0.05) -> None:
@@ -514,3 +532,148 @@ def test_a_preemptor_starts_once_its_victim_has_ended_when_they_would_share_a_gp
                 assert agent.kills.empty() and client.get("low").tasks[0].state is not TaskState.RUNNING
     finally:
         agent.close()
+
+
+# == restarts of a service's task, as its agent reports them =========================================
+def gateway_of(master: ServerHandle) -> AgentGateway:
+    return next(
+        hook.__self__
+        for hook in master.service.tick_hooks
+        if isinstance(getattr(hook, "__self__", None), AgentGateway)
+    )
+
+
+def cli(master: ServerHandle, *args: str) -> str:
+    command, *rest = args
+    result = CliRunner().invoke(app, [command, "--master", master.target, *rest])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_a_services_restarts_reach_the_master_and_start_over_when_it_is_placed_anew(
+    master: ServerHandle,
+) -> None:
+    """The agent restarted a crash-looping service and the master showed it running, healthy."""
+    agent = ScriptedAgent(master.target, "s1")
+    agent.keep_beating()
+    ended_at = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+    try:
+        with Client(master.target, timeout=10) as client:
+            job = client.submit({"id": "svc", "kind": "service", "cpu": "1", "command": "exit 1"})
+            launch = agent.launches.get(timeout=10)
+            assert launch.service
+            tid = launch.task_id
+            agent.report(tid, pb.TASK_STATE_RUNNING)
+            wait_for("running", lambda: client.get(job).state is JobState.RUNNING)
+            assert client.get(job).tasks[0].restarts == 0
+            agent.restarted(tid, 1, 1, "exit code 1", ended_at - 30)
+            agent.restarted(tid, 2, 137, "OOM killed", ended_at)
+            wait_for("two restarts", lambda: client.get(job).tasks[0].restarts == 2)
+            task = client.get(job).tasks[0]
+            assert (task.state, task.last_restart_reason, task.last_restart_time) == (
+                TaskState.RUNNING,
+                "OOM killed",
+                ended_at,
+            )
+            assert client.get(job).state is JobState.RUNNING  # restarts do not end the run
+            said = (
+                "task 0 restarted 2 times by its agent, "
+                "the latest after OOM killed at 2023-11-14 22:13:20 UTC (on s1)"
+            )
+            assert said in client.explain(job)
+
+            # The CLI: a RESTARTS column in `get` (with how long ago), the reason in describe.
+            table = cli(master, "get", job)
+            assert re.search(r"^INDEX\s+TASK\s+ROLE\s+STATE\s+RESTARTS\s+NODE\s+GPUS$", table, re.M), table
+            assert re.search(r"^0\s+svc/0\s+main\s+running\s+2 \(\d+[smhdy] ago\)\s+s1\s+-$", table, re.M), (
+                table
+            )
+            (data,) = json.loads(cli(master, "get", job, "-o", "json"))["tasks"]
+            assert (data["restarts"], data["last_restart_reason"], data["last_restart_time"]) == (
+                2,
+                "OOM killed",
+                ended_at,
+            )
+            assert said in cli(master, "describe", job)
+            assert said in cli(master, "explain", job)
+
+            # Evicted and bound to the node again: a new attempt, counted from 0. A restart report
+            # of the old run that comes before the gateway stops it is not the new run's.
+            gateway, control = gateway_of(master), master.service.control
+            with master.service.lock:  # no tick in between
+                control.lost([tid])
+                for _ in range(50):
+                    control.step()
+                    if control.residents(["s1"])["s1"]:
+                        break
+                assert control.residents(["s1"])["s1"] == [tid]
+                assert master.service.get(job).tasks[0].restarts == 0
+                agent.restarted(tid, 3, 1, "exit code 1", ended_at + 10)
+                wait_for("the old run's report queued", lambda: gateway._reports.restarts)
+            assert agent.kills.get(timeout=10).task_id == tid  # the tick took the report meanwhile
+            assert client.get(job).tasks[0].restarts == 0
+            assert "restarted" not in client.explain(job)
+            agent.report(tid, pb.TASK_STATE_FAILED, exit_code=143, message="killed: preempted")
+            second = agent.launches.get(timeout=10)
+            assert (second.task_id, second.attempt) == (tid, 1)
+            agent.report(tid, pb.TASK_STATE_RUNNING)
+            agent.restarted(tid, 1, 1, "exit code 1", ended_at + 20)  # the new run's own count
+            wait_for("the new run's restart", lambda: client.get(job).tasks[0].restarts == 1)
+            assert client.get(job).tasks[0].last_restart_time == ended_at + 20
+            # A cancelled service keeps what its last run went through.
+            client.cancel(job)
+            assert agent.kills.get(timeout=10).task_id == tid
+            agent.report(tid, pb.TASK_STATE_FAILED, exit_code=143, message="killed: cancelled")
+            wait_for("cancelled", lambda: client.get(job).state is JobState.CANCELLED)
+            assert client.get(job).tasks[0].restarts == 1
+    finally:
+        agent.close()
+
+
+def test_a_real_agent_reports_a_crash_looping_service(tmp_path: Path) -> None:
+    """A real `gosched agent` process restarts a service whose command exits 1 (backoff 1 s, then
+    2 s): `get` shows the restarts grow, with the exit code, and a new placement starts over."""
+    master = start_master(tmp_path / "g.db", node_timeout_s=10.0)
+    proc = agent_program(master.target, "crash", tmp_path / "agent")
+    started = time.time()
+    try:
+        with Client(master.target, timeout=10) as client:
+            wait_for("the agent", lambda: connected(client, "crash"))
+            job = client.submit({"id": "loop", "kind": "service", "cpu": "1", "command": ["echo up; exit 1"]})
+
+            def restarted(at_least: int) -> Callable[[], object]:
+                return lambda: client.get(job).tasks[0].restarts >= at_least
+
+            wait_for("a restart", restarted(1), timeout=20)
+            wait_for("another restart", restarted(2), timeout=20)  # it grows
+            task = client.get(job).tasks[0]
+            assert task.state is TaskState.RUNNING and task.node == "crash"
+            assert task.last_restart_reason == "exit code 1"
+            assert started <= task.last_restart_time <= time.time()
+            assert "the latest after exit code 1 at " in client.explain(job)
+            argv = [str(GOSCHED), "get", job, "--master", master.target]
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            row = re.search(
+                r"^0\s+loop/0\s+main\s+running\s+(\d+) \(\d+s ago\)\s+crash\s+-$", out.stdout, re.M
+            )
+            assert row is not None and int(row.group(1)) >= 2, out.stdout
+
+            # Placed anew (lost, and bound to the one node again): counted from 0.
+            tid = task.id
+            with master.service.lock:
+                master.service.control.lost([tid])
+            assert client.get(job).tasks[0].restarts == 0
+            got: list[Any] = []
+
+            def first_restart_of_the_new_run() -> bool:
+                got[:] = [client.get(job).tasks[0]]
+                return got[0].restarts >= 1
+
+            wait_for("the new run's restart", first_restart_of_the_new_run, timeout=20)
+            assert got[0].restarts == 1 and got[0].last_restart_reason == "exit code 1"
+            client.cancel(job)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
+        master.stop()

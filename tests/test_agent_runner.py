@@ -344,8 +344,14 @@ def test_a_failing_service_is_restarted_with_backoff(master: FakeMaster, tmp_pat
         master.launch("svc/0", [f"echo run >> {runs}; exit 1"], service=True)
         first, again = master.wait_running("svc/0", count=2, timeout=10)[:2]
         assert master.final("svc/0") is None  # still the master's running task
-        assert again.message == "restarted after exit code 1 (restart 1)"
+        assert first.restarts == 0
+        # The restart, with how the process before it ended (and when), for `gosched get`
+        assert (again.restarts, again.exit_code, again.message) == (1, 1, "exit code 1")
+        assert first.time <= again.last_exit_time <= again.time
         assert 0.9 <= again.time - first.time < 5.0  # the first backoff is 1 s
+        third = master.wait_running("svc/0", count=3, timeout=10)[2]  # then 2 s
+        assert (third.restarts, third.message) == (2, "exit code 1")
+        assert again.time < third.last_exit_time <= third.time
         assert "svc/0" in master.heartbeats()[-1].running_task_ids
         master.kill("svc/0", "cancelled")
         end = master.wait_final("svc/0")
@@ -728,6 +734,47 @@ def test_a_restarted_agent_adopts_the_tasks_still_running(tmp_path: Path) -> Non
     assert (lost.state, lost.message) == (FAILED, "lost: agent restarted")
     assert (done.state, done.exit_code, done.message) == (SUCCEEDED, 0, "")
     assert (killed.state, killed.message) == (FAILED, "killed: preempted")
+
+
+def test_a_restarted_agent_goes_on_counting_an_adopted_services_restarts(tmp_path: Path) -> None:
+    """The restarts of a service's run are the master's to show (`gosched get`): an agent
+    restarted meanwhile counts on from the state file, not from 0."""
+    work, go, runs, pidfile = tmp_path / "agent", tmp_path / "go", tmp_path / "runs", tmp_path / "pid"
+    # The first process fails at once; the next ones wait for `go`, then fail as well.
+    wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+    command = f'echo $$ > {pidfile}; echo run >> {runs}; [ "$(wc -l < {runs})" -lt 2 ] || {wait}; exit 1'
+    since = time.time() - 1
+    pids: list[int] = []
+    first = FakeMaster()
+    try:
+        with agent_process(first.address, work) as proc:
+            wait_for("the stream", lambda: first.heartbeats(), timeout=10)
+            first.launch("svc/0", [command], service=True)
+            restart = first.wait_running("svc/0", count=2, timeout=10)[1]
+            assert restart.restarts == 1
+            pids.append(
+                wait_for(
+                    "the second process", lambda: runs.read_text().count("run") == 2 and read_pid(pidfile)
+                )
+            )
+            proc.kill()  # the agent dies; the service's process does not
+            proc.wait(10)
+        first.stop()
+        second = FakeMaster(expected=("svc/0",))
+        try:
+            with agent_process(second.address, work) as proc:
+                wait_for("the stream", lambda: second.heartbeats(), timeout=10)
+                go.touch()  # the adopted process fails: the agent restarts it, its second restart
+                again = second.wait_running("svc/0", timeout=10)[0]
+                pids.append(read_pid(pidfile))
+                second.kill("svc/0", "cancelled")
+                second.wait_final("svc/0")
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        kill_groups(pids, since)
+    assert (again.restarts, again.exit_code, again.message) == (2, 1, "exit code 1")
 
 
 def test_a_restarted_agent_reports_how_adopted_tasks_exited(tmp_path: Path) -> None:

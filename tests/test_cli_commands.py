@@ -322,9 +322,8 @@ def test_get_shows_tasks_with_node_and_gpus(server: ServerHandle, client: Client
     assert "main x4: cpu 4, mem 16Gi, gpu 2; python train.py --lr 0.1" in text
     for task in info.tasks:
         gpus = ",".join(str(i) for i, _ in task.gpus)
-        assert re.search(rf"^{task.index}\s+{task.id}\s+main\s+bound\s+{task.node}\s+{gpus}$", text, re.M), (
-            text
-        )
+        row = rf"^{task.index}\s+{task.id}\s+main\s+bound\s+0\s+{task.node}\s+{gpus}$"  # 0 restarts
+        assert re.search(row, text, re.M), text
 
     data = json.loads(run(server, "get", "train", "-o", "json").stdout)
     assert (data["id"], data["state"], data["replicas"], data["task_counts"]) == (

@@ -1,17 +1,21 @@
 """The CLI's pieces that need no master: human numbers, tables, flags to spec, errors to exit codes."""
 
 import io
+import time
 
 import grpc
 import pytest
 
 from gosched.api import errors
+from gosched.api.convert import JobInfo, TaskInfo
 from gosched.cli import humanize as h
 from gosched.cli.exits import CliError, ExitCode, error_message, exit_code
-from gosched.cli.output import command_text
+from gosched.cli.output import command_text, task_data, tasks_view
 from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
 from gosched.common.errors import SpecError
 from gosched.common.resources import ResourceRequest
+from gosched.common.states import JobState, TaskState
+from tests.builders import make_job
 
 GiB = 2**30
 
@@ -97,3 +101,16 @@ def test_commands_are_shown_with_their_argument_boundaries() -> None:
     assert command_text(["sh", "-c", 'echo "a b"; echo c']) == """sh -c 'echo "a b"; echo c'"""
     assert command_text(["python", "train.py", "--lr", "0.1"]) == "python train.py --lr 0.1"
     assert "\n" not in command_text(["printf", "a\nb"])  # one table row
+
+
+def test_the_tasks_table_shows_restarts_as_kubectl_does() -> None:
+    restarted = TaskInfo("svc/0", 0, "main", TaskState.RUNNING, "n1", (), 3, "exit code 1", time.time() - 125)
+    fresh = TaskInfo("svc/1", 1, "main", TaskState.RUNNING, "n1", ((0, 1000),))
+    info = JobInfo("svc", JobState.RUNNING, make_job("svc").build(), (restarted, fresh))
+    lines = tasks_view(info).splitlines()
+    assert lines[0].split() == ["INDEX", "TASK", "ROLE", "STATE", "RESTARTS", "NODE", "GPUS"]
+    assert lines[1].split() == ["0", "svc/0", "main", "running", "3", "(2m", "ago)", "n1", "-"]
+    assert lines[2].split() == ["1", "svc/1", "main", "running", "0", "n1", "0"]
+    data = task_data(restarted)
+    assert (data["restarts"], data["last_restart_reason"]) == (3, "exit code 1")
+    assert task_data(fresh)["restarts"] == 0

@@ -60,18 +60,22 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[float] = ..., usage: _Optional[_Union[NodeUsage, _Mapping]] = ..., running_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
-    __slots__ = ("task_id", "state", "exit_code", "message", "time")
+    __slots__ = ("task_id", "state", "exit_code", "message", "time", "restarts", "last_exit_time")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXIT_TIME_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     state: _types_pb2.TaskState
     exit_code: int
     message: str
     time: float
-    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
+    restarts: int
+    last_exit_time: float
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., time: _Optional[float] = ..., restarts: _Optional[int] = ..., last_exit_time: _Optional[float] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("node_name", "session_id", "heartbeat", "task_status", "log", "node_update")

@@ -228,20 +228,26 @@ class GpuAssignment(_message.Message):
     def __init__(self, index: _Optional[int] = ..., milli: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "index", "role", "state", "node", "gpus")
+    __slots__ = ("id", "index", "role", "state", "node", "gpus", "restarts", "last_restart_reason", "last_restart_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESTART_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESTART_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     index: int
     role: str
     state: TaskState
     node: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuAssignment]
-    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ...) -> None: ...
+    restarts: int
+    last_restart_reason: str
+    last_restart_time: float
+    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., restarts: _Optional[int] = ..., last_restart_reason: _Optional[str] = ..., last_restart_time: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "spec", "state", "tasks", "task_counts", "submit_time")
