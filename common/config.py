@@ -93,6 +93,9 @@ DEFAULT_SCORES = [
     PluginWeight(name="balanced_allocation", weight=1.0),
     PluginWeight(name="gpu_topology", weight=2.0),
     PluginWeight(name="gpu_fragmentation", weight=2.0),
+    # Tasks that want no GPU stay off GPU nodes while others fit: weighted to outweigh bin-packing
+    # (see scheduler_shard/plugins/gpu_node_avoidance.py).
+    PluginWeight(name="gpu_node_avoidance", weight=3.0),
     PluginWeight(name="preferred_affinity", weight=1.0),
     PluginWeight(name="taint_prefer_no_schedule", weight=1.0),
 ]

@@ -6,6 +6,7 @@ from gosched.scheduler_shard.plugins import (  # noqa: F401
     container_runtime,
     gpu_filters,
     gpu_fragmentation,
+    gpu_node_avoidance,
     gpu_topology,
     grouping,
     locating,
