@@ -162,6 +162,12 @@ def _listen(server: grpc.Server, host: str, port: int) -> int:
     return bound
 
 
+def absolute_store(store_path: str | Path) -> str:
+    """The store's path made absolute against this process's working directory (":memory:" kept)."""
+    text = str(store_path)
+    return text if text == ":memory:" else os.path.abspath(text)
+
+
 def control_factory(
     settings: Settings,
     nodes: Sequence[Node] = (),
@@ -176,7 +182,11 @@ def control_factory(
     if runtime == "ray":
         from gosched.runtime.ray_control import RayControl  # imports ray: only when asked for
 
-        ray_settings = settings.model_copy(update={"store_path": str(store_path or settings.store_path)})
+        # The actors' working directory is their raylet's, not this process's: a relative store
+        # path must be made absolute here, or they open another file than the one locked here.
+        ray_settings = settings.model_copy(
+            update={"store_path": absolute_store(store_path or settings.store_path)}
+        )
         return lambda: RayControl(ray_settings, nodes, address=ray_address)
     raise ValueError(f"runtime must be 'local' or 'ray', got {runtime!r}")
 
@@ -211,9 +221,10 @@ def serve(
     `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
     the store). With `sim_task_seconds`, tasks on nodes without an agent run that long and succeed.
     """
-    make = control_factory(settings, nodes, runtime=runtime, store_path=store_path, ray_address=ray_address)
+    db_path = absolute_store(store_path or settings.store_path)
+    make = control_factory(settings, nodes, runtime=runtime, store_path=db_path, ray_address=ray_address)
     service = SchedulerService(make, queues=settings.queues)
-    db = Path(store_path or settings.store_path)
+    db = Path(db_path)
     logs = LogStore(log_dir if log_dir is not None else db.parent / f"{db.name}.logs")
     gateway = AgentGateway(
         service, logs, heartbeat_interval_s=heartbeat_interval_s, node_timeout_s=node_timeout_s

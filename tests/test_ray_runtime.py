@@ -225,3 +225,26 @@ def test_a_deleted_node_gives_its_tasks_to_the_other_nodes_through_the_actors(tm
         assert placed("a", "c") == {"a": [], "c": on_a}
     finally:
         control.close()
+
+
+def test_a_relative_store_path_is_the_masters_not_the_actors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actors run in their raylet's working directory: a relative store path (the default is
+    gosched.db) must name the file the master locks, in the master's directory."""
+    from gosched.api.server import control_factory
+    from gosched.common.store import Store
+
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    control = control_factory(Settings(shards=1), sim_nodes(1), runtime="ray", store_path="rel.db")()
+    try:
+        assert control.submit_many([make_job("mine").cpu("1").build()]) == ["mine"]
+    finally:
+        control.close()
+    stored = Store(str(here / "rel.db"))
+    try:
+        assert [job.id for job, _ in stored.load_jobs()] == ["mine"]
+    finally:
+        stored.close()
