@@ -122,7 +122,12 @@ def master(
     grpc_port: GrpcOpt = None,
     http_port: HttpOpt = None,
     address: Annotated[
-        str | None, typer.Option("--address", help="Join this Ray cluster (default: start one).")
+        str | None,
+        typer.Option(
+            "--address",
+            help="Join the Ray cluster at this address ('auto': the one running on this machine). "
+            "Default: this machine's Ray if one runs, else start one.",
+        ),
     ] = None,
     in_process: Annotated[
         bool, typer.Option("--in-process", help="Run every component in this process (no Ray).")
@@ -212,9 +217,12 @@ def up(
     )
     try:
         with Client(target, timeout=30) as client:
-            _show_working(client, me, handle.http_port, started)
+            _show_working(client, me, started)
             if not detach_after_demo:
-                typer.echo(f"running: gRPC {target}, HTTP :{handle.http_port}; Ctrl-C stops it all")
+                typer.echo(
+                    f"running: gRPC {target}, metrics http://localhost:{handle.http_port}/metrics; "
+                    "Ctrl-C stops it all"
+                )
                 _wait_for_signal(handle)
     finally:
         typer.echo("stopping the agent and the master")
@@ -226,7 +234,7 @@ def up(
         handle.stop()
 
 
-def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
+def _show_working(client: Any, me: str, started: float) -> None:
     from gosched.cli.output import jobs_view, nodes_view
     from gosched.common.states import JobState
 
@@ -274,9 +282,7 @@ def _show_working(client: Any, me: str, http_port: int, started: float) -> None:
     typer.echo(f"\noutput of {local} (ran on this machine by its agent):\n  " + out.replace("\n", "\n  "))
     typer.echo(f"\nwhy {too_big} is pending:\n  " + client.explain(too_big).replace("\n", "\n  "))
     client.cancel(too_big)
-    typer.echo(
-        f"\nup and working in {time.monotonic() - started:.1f}s (metrics: http://localhost:{http_port}/metrics)"
-    )
+    typer.echo(f"\nup and working in {time.monotonic() - started:.1f}s")
 
 
 def _sample_job(job_id: str) -> dict[str, Any]:

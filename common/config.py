@@ -151,7 +151,7 @@ class Settings(BaseSettings):
     unschedulable_retry_s: float = Field(default=60.0, ge=0.0)
     # The master process (gosched master / up).
     runtime: Literal["ray", "local"] = "ray"  # components as Ray actors, or all in the master process
-    ray_address: str | None = None  # join this Ray cluster; None: start a local one
+    ray_address: str | None = None  # join this Ray cluster; None: this machine's if one runs, else start one
     grpc_port: int = Field(default=9090, ge=0, le=65535)
     http_port: int = Field(default=8080, ge=0, le=65535)
     # Threads serving gRPC. Each agent's stream, WatchJob and followed StreamLogs holds one while it

@@ -35,3 +35,22 @@ def test_ray_up_file_runs_real_gosched_commands() -> None:
         help_text = runner.invoke(app, [command, "--help"], terminal_width=200).output
         for option in options:
             assert re.search(rf"{option}\b", help_text), f"gosched {command} has no {option}"
+
+
+def test_a_second_ray_up_stops_the_running_master_and_agents_first() -> None:
+    """A re-run would otherwise start a master refused by the store's lock (and an agent by its
+    work dir's) while the old ones run on: the start commands kill them first, and only them."""
+    cluster = yaml.safe_load((DEPLOY / "ray-cluster.yaml").read_text())
+    for key, kinds in (
+        ("head_start_ray_commands", ("master", "agent")),
+        ("worker_start_ray_commands", ("agent",)),
+    ):
+        lines = cluster[key]
+        kill = next(i for i, line in enumerate(lines) if line.startswith("pkill -f "))
+        start = next(i for i, line in enumerate(lines) if "bin/gosched " in line)
+        assert kill < start
+        pattern = shlex.split(lines[kill])[2]
+        for kind in kinds:
+            assert re.search(pattern, f"/opt/gosched-venv/bin/gosched {kind} --work-dir /var/tmp/x")
+        assert not re.search(pattern, f"bash -c {lines[kill]}")  # never the shell running it
+        assert not re.search(pattern, "python train.py --gosched master")
