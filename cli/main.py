@@ -317,7 +317,7 @@ def config_show(
 ) -> None:
     """Print the effective configuration (file, then GOSCHED_* env; a command's flags go on top) and
     check the profile's plugin names."""
-    settings = master_cmds.settings_or_exit(lambda: master_cmds.checked_settings(config))
+    settings = master_cmds.settings_or_exit(lambda: master_cmds.checked_settings(config), config)
     typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
 
 

@@ -2,6 +2,7 @@
 embedded default on one machine: a local Ray, the master, this machine's own agent, and simulated
 nodes, with a sample job to show it working)."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from gosched.cli.flags import check_count, check_seconds, refuse
-from gosched.common.config import Settings, load_settings
+from gosched.common.config import Settings, load_settings, unknown_key_hints
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
 ShardsOpt = Annotated[int | None, typer.Option(help="Scheduler shards (Ray actors).")]
@@ -29,16 +31,22 @@ SimSecondsOpt = Annotated[
 
 
 def _settings(config: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
-    return settings_or_exit(lambda: checked_settings(config, defaults=defaults, **overrides))
+    return settings_or_exit(lambda: checked_settings(config, defaults=defaults, **overrides), config)
 
 
-def settings_or_exit(build: Callable[[], Settings]) -> Settings:
+def settings_or_exit(build: Callable[[], Settings], config: str | None = None) -> Settings:
     """`build()`, or the reason it is invalid on stderr and exit 2: every command that takes
-    settings from a file or flags reports them alike, never with a traceback."""
+    settings from a file or flags reports them alike, never with a traceback. An unknown key gets
+    the known key it most likely stands for."""
     try:
         return build()
     except Exception as exc:  # pydantic's ValidationError names each bad field
-        typer.echo(f"invalid configuration: {exc}", err=True)
+        hints = unknown_key_hints(exc.errors()) if isinstance(exc, ValidationError) else []
+        source = config or os.environ.get("GOSCHED_CONFIG")
+        told = [f"invalid configuration: {exc}", *hints]
+        if source and isinstance(exc, ValidationError):
+            told.append(f"(settings from {source}, GOSCHED_* variables and flags)")
+        typer.echo("\n".join(told), err=True)
         raise typer.Exit(2) from exc
 
 

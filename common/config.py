@@ -11,8 +11,9 @@ import enum
 import logging
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -241,6 +242,40 @@ def load_settings(
     merged = _deep_merge(_deep_merge(defaults or {}, file_values), env_values)
     merged = _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
     return Settings(**merged)
+
+
+def unknown_key_hints(errors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For each unknown key among pydantic's `errors` (ValidationError.errors()), the known key of
+    its section it most likely stands for: "queues[0].polcy: did you mean 'policy'?"."""
+    hints = []
+    for err in errors:
+        if err.get("type") != "extra_forbidden":
+            continue
+        *section, key = err["loc"]
+        model: Any = Settings
+        for part in section:  # down the section's path: a field's model, or a list's items'
+            if isinstance(part, int):
+                continue
+            field = getattr(model, "model_fields", {}).get(part)
+            if field is None:
+                model = None
+                break
+            model = next(
+                (
+                    a
+                    for a in (field.annotation, *get_args(field.annotation))
+                    if isinstance(a, type) and issubclass(a, BaseModel)
+                ),
+                None,
+            )
+            if model is None:
+                break
+        known = list(getattr(model, "model_fields", {}))
+        near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        if near:
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+            hints.append(f"{where}: did you mean {near[0]!r}?")
+    return hints
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -162,3 +162,37 @@ def test_a_gosched_env_name_that_is_no_setting_is_named_with_the_nearest(
         settings = load_settings(None)
     assert settings.shards != 8 and settings.profile.preemption is False
     assert caplog.messages == ["GOSCHED_SHARD is not a setting and is ignored (did you mean GOSCHED_SHARDS?)"]
+
+
+@pytest.mark.parametrize(
+    ("text", "hints"),
+    [
+        ("shard: 4\n", ["shard: did you mean 'shards'?"]),
+        ("queues:\n  - name: default\n    polcy: fifo\n", ["queues[0].polcy: did you mean 'policy'?"]),
+        (
+            "profile:\n  scores:\n    - {name: most_allocated, wieght: 2}\n",
+            ["profile.scores[0].wieght: did you mean 'weight'?"],
+        ),
+        (
+            "admission:\n  max_pending_job: 5\n",
+            ["admission.max_pending_job: did you mean 'max_pending_jobs'?"],
+        ),
+        ("zzz_unrelated: 1\n", []),  # nothing near: no guess
+    ],
+)
+def test_an_unknown_config_key_gets_the_known_key_it_most_likely_stands_for(
+    tmp_path: Path, text: str, hints: list[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from gosched.cli.main import app
+
+    path = tmp_path / "gosched.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(app, ["config", "show", "-c", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"(settings from {path}, GOSCHED_* variables and flags)" in result.stderr
+    for hint in hints:
+        assert hint in result.stderr
+    if not hints:
+        assert "did you mean" not in result.stderr
