@@ -64,10 +64,19 @@ def bench(
             "--messages", help="Measure what the actors' messages cost to pack and unpack per task."
         ),
     ] = False,
+    bodies: Annotated[
+        bool,
+        typer.Option(
+            "--bodies",
+            help="Time the dispatcher's and the binder's actor bodies per task without Ray "
+            "(--pods tasks on --nodes nodes): what bounds throughput with many shards.",
+        ),
+    ] = False,
 ) -> None:
     """Measure scheduling throughput, latency and conflicts per workload and shard count (or, with
     --ingest, how fast one gRPC client gets tasks accepted; with --memory, the control plane's
-    memory; with --messages, what the actors' messages cost per task)."""
+    memory; with --messages, what the actors' messages cost per task; with --bodies, the single
+    actors' work per task)."""
     import sys
 
     from gosched.bench.in_process import profiles
@@ -99,6 +108,9 @@ def bench(
     out_dir = _out_folder(out)
     if messages:
         _bench_messages(out_dir)
+        return
+    if bodies:
+        _bench_bodies(pods, nodes, out_dir)
         return
     if ingest:
         _bench_ingest(pods, replicas, submit_batch, "local" if in_process else "ray", nodes, out_dir)
@@ -184,6 +196,16 @@ def _bench_messages(out: Path) -> None:
     costs = measure()
     typer.echo(cost_table(costs))
     typer.echo(f"wrote {write_result(out, 'messages.json', {'messages': [c.as_dict() for c in costs]})}")
+
+
+def _bench_bodies(tasks: int, nodes: int, out: Path) -> None:
+    from gosched.bench.actor_bodies import measure
+    from gosched.bench.actor_bodies import table as body_table
+    from gosched.bench.report import write_result
+
+    costs = measure(tasks, nodes)
+    typer.echo(body_table(costs))
+    typer.echo(f"wrote {write_result(out, 'bodies.json', {'bodies': [c.as_dict() for c in costs]})}")
 
 
 def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:

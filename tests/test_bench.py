@@ -115,3 +115,17 @@ def test_bench_messages_writes_its_json(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "messages.json").read_text())
     assert len(data["result"]["messages"]) == 4 and data["machine"]["cpus"] >= 1
+
+
+def test_the_actor_bodies_bench_counts_every_task_through_both_actors(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "--bodies", "--pods", "600", "--nodes", "20", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    bodies = json.loads((tmp_path / "bodies.json").read_text())["result"]["bodies"]
+    assert [(b["actor"], b["step"]) for b in bodies] == [
+        ("dispatcher", "next_batch"),
+        ("dispatcher", "report"),
+        ("binder", "commit"),
+    ]
+    assert all(b["tasks"] == 600 and b["us_per_task"] > 0 for b in bodies)

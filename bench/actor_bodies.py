@@ -1,0 +1,127 @@
+"""`gosched bench --bodies`: the work of the single dispatcher and binder actors per task, without Ray.
+
+With many shards, every task still passes through the one dispatcher (dispatched, then answered)
+and the one binder (checked, bound, written): their bodies bound the throughput however many
+shards run. This times those bodies as Ray runs them (`runtime.ray_actors.DispatcherCore` and
+`BinderCore`, messages packed and unpacked as through Ray) in one process, on SchedulingBasic
+single-task jobs, where a 2-core machine's process contention does not blur them:
+
+- the dispatcher: `next_batch` then `report` with the binder's verdicts accepting every unit;
+- the binder: `commit` of the proposal batches a one-process pipeline made for the same jobs
+  (recorded first), over a store that holds the jobs, as the dispatcher's would.
+"""
+
+import gc
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gosched.common import wire
+from gosched.common.config import Settings
+from gosched.common.messages import AcceptedUnit, BindReply, ProposalBatch, UnitBatch
+from gosched.runtime.pipeline import Pipeline
+from gosched.runtime.ray_actors import BinderCore, DispatcherCore
+from gosched.runtime.simulation import basic_jobs, sim_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class BodyCost:
+    actor: str
+    step: str
+    tasks: int
+    us_per_task: float  # wall time in the step, per task bound
+
+    def as_dict(self) -> dict[str, object]:
+        return {"actor": self.actor, "step": self.step, "tasks": self.tasks, "us_per_task": self.us_per_task}
+
+
+def measure(tasks: int = 200_000, nodes: int = 10_000) -> list[BodyCost]:
+    with tempfile.TemporaryDirectory(prefix="gosched-bodies-") as tmp:
+        return [*_dispatcher(tasks, nodes, Path(tmp)), *_binder(tasks, nodes, Path(tmp))]
+
+
+def _dispatcher(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
+    core = DispatcherCore(Settings(store_path=str(tmp / "dispatcher.db"), shards=1))
+    cluster = sim_nodes(nodes, gpu_every=0)
+    cpu = sum(n.cpu_milli for n in cluster)
+    core.set_nodes(cluster, {"cpu": cpu, "memory": sum(n.memory for n in cluster), "gpu": 0})
+    core.submit_many(basic_jobs(tasks))
+    nothing = wire.pack([])
+    gc.collect()
+    dispatching = answering = 0.0
+    bound = 0
+    while True:
+        t0 = time.perf_counter()
+        _, data = core.next_batch(0)
+        dispatching += time.perf_counter() - t0
+        if data is None:
+            break
+        batch = wire.unpack(data)
+        assert isinstance(batch, UnitBatch)
+        now = time.time()
+        accepted = [AcceptedUnit(u.job.id, u.attempt, u.task_indexes, now) for u in batch.units]
+        verdicts = wire.pack(BindReply(accepted, [], [], [], 1, shard_id=0))
+        t1 = time.perf_counter()
+        core.report(verdicts, nothing, core.binder_incarnation)
+        answering += time.perf_counter() - t1
+        bound += sum(len(u.task_indexes) for u in batch.units)
+    if core.bound_tasks != bound or bound != tasks:
+        raise RuntimeError(
+            f"the dispatcher counted {core.bound_tasks} bound of {bound} answered, {tasks} sent"
+        )
+    core.store.close()
+    return [
+        BodyCost("dispatcher", "next_batch", bound, dispatching / bound * 1e6),
+        BodyCost("dispatcher", "report", bound, answering / bound * 1e6),
+    ]
+
+
+class _Drop:
+    def remote(self, *args: Any) -> None:
+        """The binder's report to the dispatcher goes nowhere: only the binder is timed."""
+
+
+class _NoDispatcher:
+    report = _Drop()
+
+
+def _binder(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
+    jobs = basic_jobs(tasks)
+    cluster = sim_nodes(nodes, gpu_every=0)
+    pipeline = Pipeline(Settings(store_path=str(tmp / "record.db"), shards=1), nodes=cluster)
+    recorded: list[bytes] = []
+    commit = pipeline.binder.commit
+
+    def recording(batch: ProposalBatch, **kw: Any) -> BindReply:
+        recorded.append(wire.pack(batch))
+        return commit(batch, **kw)
+
+    pipeline.binder.commit = recording
+    pipeline.submit_many(jobs)
+    pipeline.run_until_idle()
+    pipeline.store.close()
+
+    core = BinderCore(str(tmp / "binder.db"), _NoDispatcher())
+    core.add_nodes(cluster)
+    core.store.add_jobs(jobs)  # stored at submission by the dispatcher, as in the running system
+    gc.collect()
+    bound = 0
+    t0 = time.perf_counter()
+    for data in recorded:
+        _, verdicts, _, _, _ = core.commit(data)
+        reply = wire.unpack(verdicts)
+        assert isinstance(reply, BindReply)
+        bound += sum(len(a.task_indexes) for a in reply.accepted)
+    seconds = time.perf_counter() - t0
+    core.store.close()
+    if bound != tasks:
+        raise RuntimeError(f"the binder bound {bound} of {tasks} tasks")
+    return [BodyCost("binder", "commit", bound, seconds / bound * 1e6)]
+
+
+def table(costs: list[BodyCost]) -> str:
+    lines = [f"{'actor':<11}{'step':<12}{'tasks':>9}{'us/task':>9}"]
+    lines += [f"{c.actor:<11}{c.step:<12}{c.tasks:>9,}{c.us_per_task:>9.2f}" for c in costs]
+    return "\n".join(lines)
