@@ -40,6 +40,7 @@ from typing import Any
 import grpc
 
 from gosched.api import convert
+from gosched.api.errors import ANSWERED_KEY
 from gosched.api.logs import LogStore
 from gosched.api.service import SchedulerService, TaskRestarts
 from gosched.common.errors import SpecError
@@ -182,8 +183,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             node = convert.node_from_proto(request.node)
         except (SpecError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node: {exc}")
-        if not self.service.ready:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not ready")
+        why = self.service.not_ready_reason
+        if why is not None:
+            context.set_trailing_metadata(((ANSWERED_KEY, "1"),))  # the master answers: retry
+            context.abort(grpc.StatusCode.UNAVAILABLE, why)
         node = _as_agent_node(node)
         with self.service._changed:  # the tick (liveness) cannot run in between: same lock
             with self._lock:

@@ -61,6 +61,16 @@ class Unavailable(GoschedError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+# Trailing metadata a master puts on the UNAVAILABLE it answers itself (its scheduler is starting,
+# stopped, or a component or its Ray cluster does not answer): gRPC's own UNAVAILABLE, for a master
+# that cannot be reached, never carries it.
+ANSWERED_KEY = "gosched-master-answered"
+
+
+class SchedulerUnavailable(Unavailable):
+    """The master answered, but its scheduler cannot serve now (the message says why)."""
+
+
 class DeadlineExceeded(GoschedError, TimeoutError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
@@ -86,4 +96,15 @@ def from_rpc_error(exc: grpc.RpcError) -> GoschedError:
     cls = _BY_CODE.get(code, GoschedError)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "message larger than max" in (details or ""):
         cls = MessageTooLarge  # gRPC's own size check, at either end
+    if code == grpc.StatusCode.UNAVAILABLE and _answered(exc):
+        cls = SchedulerUnavailable
     return cls(details or "", code)
+
+
+def _answered(exc: grpc.RpcError) -> bool:
+    """Whether the master itself sent this error (its trailing metadata says so)."""
+    try:
+        trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    except Exception:  # not a call's error (a channel that never connected)
+        return False
+    return any(key == ANSWERED_KEY for key, _ in trailing or ())

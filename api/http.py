@@ -1,5 +1,6 @@
 """The master's HTTP endpoint: /healthz (the scheduling thread is alive), /readyz (the scheduler has
-restored its state and serves), /metrics (Prometheus)."""
+restored its state and serves: 503, with the reason, while it starts, after it stopped, and while a
+component or its Ray cluster does not answer), /metrics (Prometheus)."""
 
 import logging
 from http.server import BaseHTTPRequestHandler
@@ -29,9 +30,11 @@ def http_handler(service: SchedulerService, metrics: SchedulerMetrics) -> type[B
             if path == "/healthz":
                 ok = service.alive
                 return (200 if ok else 503), (b"ok\n" if ok else b"scheduler thread failed\n"), TEXT
-            if path == "/readyz":
-                ok = service.ready
-                return (200 if ok else 503), (b"ready\n" if ok else b"not ready\n"), TEXT
+            if path == "/readyz":  # 503 while starting, stopped, or its control plane does not answer
+                why = service.not_ready_reason
+                if why is None:
+                    return 200, b"ready\n", TEXT
+                return 503, f"not ready: {why}\n".encode(), TEXT
             if path == "/metrics":
                 return 200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST
             return 404, b"not found\n", TEXT

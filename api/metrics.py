@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gosched.api.service import SchedulerService, Unavailable
-from gosched.runtime.control import ControlPlane
+from gosched.runtime.control import ControlPlane, ControlUnavailable
 
 
 class SchedulerMetrics:
@@ -42,7 +42,7 @@ class SchedulerMetrics:
             status = s.status()
             pending_tasks = s.pending_tasks()
             queues = s.queues()
-        except Unavailable:
+        except (Unavailable, ControlUnavailable):  # a component stopped answering meanwhile
             return
         pending = GaugeMetricFamily("gosched_pending_tasks", "Tasks waiting to be placed")
         pending.add_metric([], pending_tasks)

@@ -142,10 +142,21 @@ def _track_health(handle: ServerHandle, announced: threading.Event) -> None:
     for name in ("", *SERVICE_NAMES):
         handle.health.set(name, codes.SERVING if ready else codes.NOT_SERVING)
     announced.set()
-    if ready:
-        service.join()
-        for name in ("", *SERVICE_NAMES):
-            handle.health.set(name, codes.NOT_SERVING)
+    if not ready:
+        return
+    serving = True
+    while service.alive:  # NOT_SERVING too while a component or the Ray cluster does not answer
+        service.join(timeout=HEALTH_POLL_S)
+        now = service.alive and service.not_ready_reason is None
+        if now != serving:
+            serving = now
+            for name in ("", *SERVICE_NAMES):
+                handle.health.set(name, codes.SERVING if now else codes.NOT_SERVING)
+    for name in ("", *SERVICE_NAMES):
+        handle.health.set(name, codes.NOT_SERVING)
+
+
+HEALTH_POLL_S = 0.5  # how soon gRPC health follows the scheduler's readiness
 
 
 PORT_TAKEN = "the port is taken (another master?) or the address is not this machine's"

@@ -10,8 +10,10 @@ Errors are raised as the small exceptions below (and SpecError / AdmissionReject
 `gosched.api.server` maps them to gRPC status codes.
 """
 
+import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,7 +26,13 @@ from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TERMINAL, JobState, TaskState
-from gosched.runtime.control import ControlPlane
+from gosched.runtime.control import (
+    ControlLost,
+    ControlPlane,
+    ControlUnavailable,
+    SchedulerFailure,
+    describe_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +124,10 @@ class JobPage:
 
 
 FAILURE_PAUSE_S = 0.5  # after a failed round or hook, before the next try
+# A failure of one kind (where, exception type) is logged with its traceback the first time, then
+# on one line at most this often, with the count since: not at the loop's pace.
+FAILURE_LOG_EVERY_S = 60.0
+IDLE_SLEEP_MAX_S = 0.05  # longest idle sleep between two passes (the tick hooks' pace)
 # Tasks whose restarts are remembered (in memory): past this many, the jobs noted longest ago are
 # forgotten first.
 RESTARTS_KEPT = 100_000
@@ -124,17 +136,35 @@ RESTARTS_KEPT = 100_000
 TickHook = Callable[[ControlPlane], bool]
 
 
+def debugging() -> bool:
+    """GOSCHED_DEBUG set (not empty, not 0): failures are logged with their tracebacks."""
+    return os.environ.get("GOSCHED_DEBUG", "") not in ("", "0")
+
+
+def start_failure(error: BaseException) -> str:
+    """What a user reads when the scheduler could not start: one line, its causes included."""
+    if isinstance(error, SchedulerFailure):
+        return str(error)
+    return f"the scheduler failed to start: {describe_error(error)}"
+
+
 class SchedulerService:
     """Owns a ControlPlane (built in the scheduling thread by `make_control`, so a slow restore or
     Ray start does not block start-up) and runs `control.step()` in a loop, then the tick hooks,
-    sleeping `idle_sleep_s` when nothing moved."""
+    sleeping when nothing moved until the control plane's next step is due (`idle_wait()`, at
+    most `idle_sleep_s`) or something wakes it (a submission, an agent's report).
+
+    While the control plane is unavailable (`control.unavailable`: a component or its cluster does
+    not answer) the service is not ready, refuses calls with Unavailable, skips the tick hooks and
+    logs it once; ControlLost (the cluster is gone for good) stops it, with the error kept in
+    `error` (a master then exits non-zero)."""
 
     def __init__(
         self,
         make_control: Callable[[], ControlPlane],
         *,
         queues: Sequence[QueueConfig],
-        idle_sleep_s: float = 0.005,
+        idle_sleep_s: float = IDLE_SLEEP_MAX_S,
         on_round: Callable[[ControlPlane], None] | None = None,
     ) -> None:
         self._make_control = make_control
@@ -157,6 +187,8 @@ class SchedulerService:
         # only: a restarted master shows 0 until the next restart of each task.
         self._restarts: dict[str, dict[int, TaskRestarts]] = {}
         self._restarts_kept = 0
+        self._failures: dict[tuple[str, str], list[float]] = {}  # kind -> [count since logged, logged at]
+        self._outage_since: float | None = None  # when the control plane became unavailable
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,12 +200,23 @@ class SchedulerService:
     def wait_ready(self, timeout: float | None = None) -> bool:
         ready = self._ready.wait(timeout)
         if self.error is not None:
-            raise RuntimeError(f"the scheduler failed to start: {self.error!r}") from self.error
+            raise RuntimeError(start_failure(self.error)) from self.error
         return ready
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set() and not self._stop.is_set()
+        return self.not_ready_reason is None
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        """Why the service does not serve now (None: it does)."""
+        if self.error is not None:
+            return f"the scheduler stopped: {self.error}"
+        if not self._ready.is_set() or self._stop.is_set():
+            return "the scheduler is not ready"
+        control = self._control
+        why = control.unavailable if control is not None else None
+        return None if why is None else f"the scheduler is unavailable: {why}"
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the scheduling thread to end (after stop(), or a failure)."""
@@ -201,9 +244,11 @@ class SchedulerService:
 
     @property
     def control(self) -> ControlPlane:
-        """The control plane; hold `lock` while using it. Unavailable before the service is ready."""
-        if self._control is None or not self.ready:
-            raise Unavailable("the scheduler is not ready")
+        """The control plane; hold `lock` while using it. Unavailable (with the reason) while the
+        service is not ready: starting, stopped, or its control plane does not answer."""
+        why = self.not_ready_reason
+        if self._control is None or why is not None:
+            raise Unavailable(why or "the scheduler is not ready")
         return self._control
 
     def _run(self) -> None:
@@ -213,27 +258,20 @@ class SchedulerService:
                 self._control = control
                 for job_id in control.job_ids():  # restored jobs stay listable
                     self._remember(job_id)
-            self._ready.set()
+        except BaseException as exc:  # wait_ready() raises it, told on one line
+            if debugging():
+                log.error("the scheduler failed to start", exc_info=exc)
+            self._fail(exc)
+            return
+        self._ready.set()
+        try:
             while not self._stop.is_set():
-                failed = False
+                self._wake.clear()  # a wake from now on ends this pass's idle wait at once
                 with self._changed:
                     if self._stop.is_set():
                         break
-                    # A failing round or hook (an actor restarting under a call, a bad report) is
-                    # logged and tried again: the master must not stop scheduling for one error.
-                    try:
-                        progressed = control.step()
-                        if progressed and self.on_round is not None:
-                            self.on_round(control)
-                    except Exception:
-                        log.exception("scheduling round failed")
-                        progressed, failed = False, True
-                    for hook in self.tick_hooks:
-                        try:
-                            progressed = hook(control) or progressed
-                        except Exception:
-                            log.exception("tick hook %s failed", getattr(hook, "__qualname__", hook))
-                            failed = True
+                    progressed, failed = self._pass(control)
+                    self._note_availability(control)
                     if progressed:
                         self.version += 1
                         self._changed.notify_all()
@@ -242,13 +280,84 @@ class SchedulerService:
                 elif progressed:
                     time.sleep(0)  # let waiting handlers take the lock between rounds
                 else:
-                    self._wake.wait(self.idle_sleep_s)
-                    self._wake.clear()
+                    self._wake.wait(min(self.idle_sleep_s, control.idle_wait()))
+        except ControlLost as exc:  # the cluster is gone: stop, so that the master exits
+            log.error("%s; the scheduler stops", exc)
+            self._fail(exc)
+            with self.lock:
+                if self._control is not None:
+                    with contextlib.suppress(Exception):
+                        self._control.close()  # leaves Ray before Ray's client ends the process
+                    self._control = None
         except BaseException as exc:  # the thread must not die silently: health reports it
             log.exception("scheduling thread failed")
-            self.error = exc
-            self._ready.set()  # release wait_ready(), which re-raises
-            self._stop.set()
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self._ready.set()  # release wait_ready(), which re-raises
+        self._stop.set()
+        with self._changed:  # watchers end
+            self.version += 1
+            self._changed.notify_all()
+
+    def _pass(self, control: ControlPlane) -> tuple[bool, bool]:
+        """One step and the tick hooks (lock held): (progressed, failed). A failing round or hook (an
+        actor restarting under a call, a bad report) is logged and tried again: the master must not
+        stop scheduling for one error. ControlLost goes up: the scheduler stops."""
+        failed = False
+        try:
+            progressed = control.step()
+            if progressed and self.on_round is not None:
+                self.on_round(control)
+        except ControlLost:
+            raise
+        except Exception as exc:
+            self._log_failure("scheduling round", exc)
+            progressed, failed = False, True
+        if control.unavailable is not None:
+            return progressed, True  # the hooks would only fail too: wait for the probe
+        for hook in self.tick_hooks:
+            try:
+                progressed = hook(control) or progressed
+            except ControlLost:
+                raise
+            except Exception as exc:
+                self._log_failure(f"tick hook {getattr(hook, '__qualname__', hook)}", exc)
+                failed = True
+        return progressed, failed
+
+    def _log_failure(self, where: str, exc: Exception) -> None:
+        """A traceback the first time a kind of failure happens, then one line at most every
+        FAILURE_LOG_EVERY_S with the count since. A component not answering is the control plane's
+        unavailability, logged once by _note_availability."""
+        if isinstance(exc, ControlUnavailable):
+            if debugging():
+                log.warning("%s failed", where, exc_info=exc)
+            return
+        now = time.monotonic()
+        kind = (where, type(exc).__name__)
+        seen = self._failures.get(kind)
+        if seen is None:
+            self._failures[kind] = [0, now]
+            log.error("%s failed: %s", where, describe_error(exc), exc_info=exc)
+            return
+        seen[0] += 1
+        if now - seen[1] >= FAILURE_LOG_EVERY_S or debugging():
+            log.error(
+                "%s failed again (%d times in %.0f s): %s", where, seen[0], now - seen[1], describe_error(exc)
+            )
+            seen[0], seen[1] = 0, now
+
+    def _note_availability(self, control: ControlPlane) -> None:
+        """Log when the control plane becomes unavailable (once, with why) and when it is back."""
+        why = control.unavailable
+        if why is not None and self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning("the scheduler is unavailable (not ready until it answers again): %s", why)
+        elif why is None and self._outage_since is not None:
+            log.warning("the scheduler answers again, after %.1f s", time.monotonic() - self._outage_since)
+            self._outage_since = None
 
     def touch(self) -> None:
         """Something changed outside a step: wake the scheduler and the watchers (lock held)."""
@@ -459,9 +568,9 @@ class SchedulerService:
         ]
 
     def status(self) -> StatusView:
-        if not self.ready:
-            return StatusView(ready=False)
-        with self.lock:
+        if self._control is None or not self._ready.is_set() or self._stop.is_set():
+            return StatusView(ready=False)  # starting, or stopped
+        with self.lock:  # Unavailable, with why, while the control plane does not answer
             c = self.control.counters()
         return StatusView(ready=True, **{f.name: getattr(c, f.name) for f in fields(c)})
 

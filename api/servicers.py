@@ -3,7 +3,8 @@
 SpecError -> INVALID_ARGUMENT (the message starts with the field path), or ALREADY_EXISTS for a job
 id that exists; an unknown job or node -> NOT_FOUND; AdmissionRejected -> RESOURCE_EXHAUSTED;
 cancelling a finished job -> FAILED_PRECONDITION; any call before the scheduler is ready, or while a
-component restarts (ControlUnavailable) -> UNAVAILABLE.
+component restarts (ControlUnavailable) -> UNAVAILABLE, marked as the master's own answer (trailing
+metadata `gosched-master-answered`), so that a client tells it from a master it cannot reach.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import grpc
 
 from gosched.api import convert
 from gosched.api.agents import AgentGateway
+from gosched.api.errors import ANSWERED_KEY
 from gosched.api.logs import STREAMS, LogStore
 from gosched.api.service import (
     Exhausted,
@@ -69,7 +71,15 @@ def _abort(context: grpc.ServicerContext, exc: Exception, handler: str) -> None:
         log.exception("%s failed", handler)
         context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
     else:
+        if status[0] == grpc.StatusCode.UNAVAILABLE:
+            answered_unavailable(context)
         context.abort(*status)
+
+
+def answered_unavailable(context: grpc.ServicerContext) -> None:
+    """Mark an UNAVAILABLE as the master's own answer (its scheduler cannot serve now), which a
+    client tells apart from a master it cannot reach (gosched.api.errors.SchedulerUnavailable)."""
+    context.set_trailing_metadata(((ANSWERED_KEY, "1"),))
 
 
 def _mapped(method: Callable[..., R]) -> Callable[..., R]:
@@ -170,7 +180,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def SubmitJob(self, request: jobs_pb2.SubmitJobRequest, context: Any) -> jobs_pb2.SubmitJobResponse:
         s = self.service
         if not s.ready:
-            raise Unavailable("the scheduler is not ready")
+            raise Unavailable(s.not_ready_reason or "the scheduler is not ready")
         job = convert.job_from_proto(
             request.spec, submission_id=request.submission_id, known_queues=s.known_queues(), now=time.time()
         )
@@ -181,7 +191,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def SubmitJobs(self, request: jobs_pb2.SubmitJobsRequest, context: Any) -> jobs_pb2.SubmitJobsResponse:
         s = self.service
         if not s.ready:
-            raise Unavailable("the scheduler is not ready")
+            raise Unavailable(s.not_ready_reason or "the scheduler is not ready")
         queues, now = s.known_queues(), time.time()
         jobs = []
         for i, item in enumerate(request.jobs):

@@ -20,6 +20,7 @@ from gosched.api.errors import (
     MessageTooLarge,
     NotFound,
     ResourceExhausted,
+    SchedulerUnavailable,
     Unavailable,
 )
 from gosched.common.errors import SpecError
@@ -75,8 +76,13 @@ def error_message(exc: BaseException, master: str, *, submitting: bool = False) 
         return exc.message
     if isinstance(exc, SpecError):
         return str(exc)  # "field: reason"
+    if isinstance(exc, SchedulerUnavailable):  # it answered: starting, stopped, or a part is down
+        if exc.message == "the scheduler is not ready":
+            return f"the master at {master} is not ready: {exc.message}"
+        detail = exc.message.removeprefix("the scheduler is unavailable: ")
+        return f"the master at {master} answers but its scheduler is unavailable: {detail or 'unavailable'}"
     if isinstance(exc, Unavailable):
-        if "not ready" in exc.message:  # it answered: it is starting, or its scheduler stopped
+        if "not ready" in exc.message:  # a master without the marker: it answered, it is starting
             return f"the master at {master} is not ready: {exc.message}"
         return (
             f"cannot reach the master at {master} (is it running? check --master or GOSCHED_MASTER)\n"

@@ -297,6 +297,7 @@ def _env_has_settings() -> bool:
 OTHER_ENV = frozenset(
     {
         "CONFIG",
+        "DEBUG",  # tracebacks of the master's start-up failures
         "MASTER",
         "TRACE_DIR",
         "JOB_ID",

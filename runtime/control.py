@@ -21,6 +21,50 @@ class ControlUnavailable(RuntimeError):
     it changed something (a submission), it may or may not have taken effect: the message says."""
 
 
+class SchedulerFailure(RuntimeError):
+    """A failure the scheduler cannot go on from, whose message says all a user needs to know
+    (what, where, what to do): shown as it is, without a traceback or the exception's type."""
+
+    def __repr__(self) -> str:  # "error: the scheduler stopped: {exc!r}" reads as the message
+        return str(self)
+
+
+class ControlLost(ControlUnavailable, SchedulerFailure):
+    """The control plane is gone for good (over Ray: the cluster its actors ran in is lost). The
+    service stops; a master exits non-zero, so that its supervisor starts it again."""
+
+
+def describe_error(exc: BaseException, limit: int = 300) -> str:
+    """One line for a user: the exception's type and message, then what it was raised from
+    ("; caused by ..."), each message on one line, a traceback inside a message (Ray puts some
+    there) cut down to the exception it ends with."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 6:
+        seen.add(id(current))
+        text = _message(current, limit)
+        if not parts or text.partition(": ")[2] not in parts[-1]:
+            parts.append(text)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return "; caused by ".join(parts)
+
+
+def _message(exc: BaseException, limit: int) -> str:
+    text = str(exc)
+    head, marker, trace = text.partition("Traceback (most recent call last):")
+    if marker:  # keep the words before it and the exception line(s) it ends with
+        lines = trace.splitlines()
+        frames = [i for i, line in enumerate(lines) if line.startswith(" ")]
+        tail = [line for line in lines[(frames[-1] + 1 if frames else 0) :] if line.strip()]
+        text = f"{head} {' '.join(tail)}"
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 3].rstrip() + "..."
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
 class ControlPlane(Protocol):
     """What the API service needs of the scheduler. Calls may come from several threads, but the
     service serialises them (one lock), so implementations need not be thread-safe."""
@@ -31,6 +75,17 @@ class ControlPlane(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the control plane cannot serve now (a component or its cluster does not answer;
+        the service is not ready meanwhile), or None. Raising ControlLost instead means for good."""
+        ...
+
+    def idle_wait(self) -> float:
+        """After a step that made no progress: seconds until the next step is due (a submission or
+        another change, which wakes the caller, may come sooner)."""
+        ...
 
     # -- jobs ------------------------------------------------------------------------------------------
     def submit_many(self, jobs: Sequence[Job]) -> list[str]:

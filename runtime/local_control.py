@@ -13,6 +13,8 @@ from gosched.common.states import TaskState
 from gosched.runtime.control import untolerated, with_placements
 from gosched.runtime.pipeline import Pipeline
 
+IDLE_WAIT_S = 0.005  # an idle Pipeline step is cheap: look again soon
+
 
 class LocalControl:
     def __init__(self, settings: Settings, nodes: Sequence[Node] = (), store_path: str | Path | None = None):
@@ -24,6 +26,13 @@ class LocalControl:
 
     def close(self) -> None:
         self.pipeline.close()
+
+    @property
+    def unavailable(self) -> str | None:
+        return None  # one process: nothing to lose
+
+    def idle_wait(self) -> float:
+        return IDLE_WAIT_S
 
     # -- jobs -------------------------------------------------------------------------------------------
     def submit_many(self, jobs: Sequence[Job]) -> list[str]:

@@ -7,7 +7,7 @@
 Messages travel pickled (gosched.common.wire), one message per batch, never one per task. One
 shard round (ShardActor.run_once), with its shard planning while the others plan too:
 
-    shard --next_batch(shard_id)--> dispatcher        a UnitBatch for this shard (or nothing)
+    shard --poll(shard_id)--> dispatcher              a UnitBatch for this shard (or when to ask again)
     shard --commit(ProposalBatch)--> binder           the binder serialises commits (one thread)
           binder --report(BindReply w/o changes, unschedulable)--> dispatcher   (no wait)
     shard <-- BindReply with the changes since its version; apply_reply
@@ -139,6 +139,19 @@ class DispatcherCore:
             return self._next_batch(shard_id)
         finally:
             self.busy_s += time.perf_counter() - t0
+
+    def poll(self, shard_id: int) -> tuple[str, bytes | None, float | None]:
+        """next_batch for a shard's round, and with no batch the seconds until the earliest parked
+        job's backoff (or periodic retry) ends, if any: the driver asks an idle shard again then at
+        the latest, not on a fixed short period (a submission or a cluster change wakes it anyway)."""
+        incarnation, data = self.next_batch(shard_id)
+        return incarnation, data, None if data is not None else self._ready_in()
+
+    def _ready_in(self) -> float | None:
+        d = self.dispatcher
+        # Heaps of (time, token, record); next_batch has just popped every entry already due.
+        heads = [heap[0][0] for heap in (getattr(d, "_parked", ()), getattr(d, "_dormant", ())) if heap]
+        return max(0.0, min(heads) - d.clock()) if heads else None
 
     def _next_batch(self, shard_id: int) -> tuple[str, bytes | None]:
         d = self.dispatcher
@@ -444,17 +457,17 @@ class ShardCore:
                 self.reset(ray.get(self.dispatcher.partition_of.remote(self.shard_id)))
             ref, self._next_ref = self._next_ref, None
             if ref is None:
-                ref = self.dispatcher.next_batch.remote(self.shard_id)
-            d_inc, data = ray.get(ref)
+                ref = self.dispatcher.poll.remote(self.shard_id)
+            d_inc, data, ready_in = ray.get(ref)
         except RayActorError:
             return {"lost": "dispatcher"}
         if data is None:
             if self._pending is None:
-                return {"idle": True, "dispatcher": d_inc}
+                return {"idle": True, "dispatcher": d_inc, "ready_in": ready_in}
             res = self._finish_commit()
             res["dispatcher"] = d_inc
             return res
-        self._next_ref = self.dispatcher.next_batch.remote(self.shard_id)
+        self._next_ref = self.dispatcher.poll.remote(self.shard_id)
         t0 = time.perf_counter()
         batch = wire.unpack(data)
         assert isinstance(batch, UnitBatch)

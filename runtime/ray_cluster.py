@@ -19,21 +19,28 @@ Failures:
   driver lets the rounds in flight finish, reloads the dispatcher from the store (bindings are
   committed there before any report), gives it the nodes again, and resets every shard's view.
   The binder refuses a task already bound (its task_valid stage), so nothing is bound twice.
+  Both open the SQLite store, a file of the driver's machine, so they are pinned to the driver's
+  node (a hard node affinity: a restart never moves them to a machine with another store); the
+  shards go wherever Ray places them.
 """
 
 import contextlib
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gosched.common.config import Settings
 from gosched.common.job import Job
 from gosched.common.node import Node, keep_operator_states
 from gosched.common.states import TaskState
+from gosched.runtime.control import SchedulerFailure, describe_error
 from gosched.runtime.ray_actors import make_actor_classes
 
 # Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
@@ -45,10 +52,125 @@ IDLE_POLL_S = 0.005
 # current node timed out during startup", a plain Exception, after a fixed 30 s); a second try
 # after a clean shutdown goes through.
 RAY_START_TRIES = 3
+# Joining a cluster at an address: ray.init itself waits without end for a GCS that does not answer
+# (and 20 s, retrying, for one that refuses this process's credentials). First a TCP connect to the
+# GCS's host:port, then Ray's own handshake with it, each within these seconds.
+CONNECT_TIMEOUT_S = 3.0
+HANDSHAKE_TIMEOUT_S = 10.0
+AUTH_HINT = (
+    "the cluster uses token authentication: set RAY_AUTH_MODE=token for the master (with the "
+    "cluster's token in ~/.ray/auth_token, $RAY_AUTH_TOKEN_PATH or $RAY_AUTH_TOKEN), or on the "
+    "head node use --address auto, for which Ray loads the token itself"
+)
+
+
+class RayUnreachable(SchedulerFailure):
+    """No Ray cluster answers at the address given (nothing listens, or not Ray's GCS)."""
+
+
+class RayJoinFailed(SchedulerFailure):
+    """Ray did not start, or refused to let this process join its cluster (the message says why)."""
+
+
+def _gcs_target(address: str) -> tuple[str, int] | None:
+    """The GCS host and port ray.init will connect to for `address` (127.0.0.1 and localhost
+    become this node's IP, as Ray does), or None for the addresses Ray resolves itself ("auto",
+    "local", ray://...) and those it will refuse as malformed."""
+    if address in ("auto", "local") or "://" in address:
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    with contextlib.suppress(Exception):
+        from ray._private.services import resolve_ip_for_localhost
+
+        host = resolve_ip_for_localhost(host)
+    return host, int(port)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast, naming the address, when no Ray cluster can answer there: ray.init would wait
+    for ever. Addresses Ray resolves itself are left to it."""
+    target = _gcs_target(address)
+    if target is None:
+        return
+    host, port = target
+    where = f"{host}:{port}"
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except socket.gaierror as exc:
+        raise RayUnreachable(
+            f"no Ray cluster answers at {address} (cannot resolve {host}: {exc.strerror})"
+        ) from exc
+    except ConnectionRefusedError as exc:
+        raise RayUnreachable(f"no Ray cluster answers at {address} (connection refused at {where})") from exc
+    except TimeoutError as exc:
+        raise RayUnreachable(
+            f"no Ray cluster answers at {address} (no answer from {where} within {CONNECT_TIMEOUT_S:.0f} s)"
+        ) from exc
+    except OSError as exc:
+        raise RayUnreachable(f"no Ray cluster answers at {address} ({where}: {exc.strerror or exc})") from exc
+    _check_handshake(address, where)
+
+
+def _check_handshake(address: str, where: str) -> None:
+    """Ray's own first call to the GCS (its cluster id), in a thread of its own: something else
+    listening there never answers it, and a cluster with token authentication refuses it at once."""
+    import ray._raylet
+
+    gcs_client = getattr(ray._raylet, "GcsClient", None)  # Ray's own client (not typed)
+    if gcs_client is None:  # another Ray: ray.init alone tells
+        return
+    outcome: list[BaseException | None] = []
+
+    def handshake() -> None:
+        try:
+            gcs_client(address=where)
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=handshake, name="gosched-ray-handshake", daemon=True)
+    thread.start()
+    thread.join(HANDSHAKE_TIMEOUT_S)
+    if not outcome:  # still waiting, in Ray's C++ client: left behind (a daemon thread)
+        raise RayUnreachable(
+            f"no Ray cluster answers at {address} (something listens at {where}, but no Ray GCS "
+            f"answered there within {HANDSHAKE_TIMEOUT_S:.0f} s)"
+        )
+    exc = outcome[0]
+    if exc is None:
+        return
+    if _is_auth_failure(exc):
+        raise RayJoinFailed(_join_failure(address, exc)) from exc
+    raise RayUnreachable(f"no Ray cluster answers at {address} ({describe_error(exc)})") from exc
+
+
+def _is_auth_failure(exc: BaseException) -> bool:
+    text = describe_error(exc, limit=2000)
+    return any(word in text for word in ("InvalidAuthToken", "AuthenticationError", "Unauthenticated"))
+
+
+def _join_failure(address: str | None, exc: BaseException) -> str:
+    """One line: what failed, the innermost reason, and what to do about an authentication failure."""
+    if address is None:
+        return f"cannot start Ray on this machine: {describe_error(exc)}"
+    if _is_auth_failure(exc):
+        text = describe_error(exc, limit=2000)
+        reason = text[text.find("InvalidAuthToken") :] if "InvalidAuthToken" in text else text
+        reason = reason.split(". ", 1)[0].rstrip(".")
+        return f"cannot join the Ray cluster at {address}: it refused this master ({reason}); {AUTH_HINT}"
+    return f"cannot join the Ray cluster at {address}: {describe_error(exc)}"
 
 
 def _start_ray(address: str | None, **options: Any) -> None:
-    """ray.init, tried again after a start-up that timed out; `options` go to a local start."""
+    """ray.init, tried again after a start-up that timed out; `options` go to a local start. An
+    address is checked first (RayUnreachable within seconds, not a wait without end); a failure
+    is raised as RayJoinFailed, whose message names its cause on one line."""
+    if address is not None:
+        _check_reachable(address)
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
             if address is None:
@@ -58,11 +180,17 @@ def _start_ray(address: str | None, **options: Any) -> None:
             return
         except Exception as exc:
             if attempt == RAY_START_TRIES or "timed out" not in str(exc).lower():
-                raise
+                raise RayJoinFailed(_join_failure(address, exc)) from exc
             logging.getLogger(__name__).warning("Ray did not start (%s); trying again", exc)
             with contextlib.suppress(Exception):
                 ray.shutdown()
             time.sleep(1.0)
+
+
+def _on_this_node() -> NodeAffinitySchedulingStrategy:
+    """Where the binder and the dispatcher run, restarts included: on the driver's node. They open
+    the SQLite store, a file of this machine; restarted elsewhere they would open an empty one."""
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
 class RayScheduler:
@@ -73,8 +201,12 @@ class RayScheduler:
             _start_ray(address)
             self._own_ray = True
         dispatcher_cls, binder_cls, shard_cls = make_actor_classes()
-        self.dispatcher = dispatcher_cls.remote(settings)
-        self.binder = binder_cls.remote(settings.store_path, self.dispatcher)
+        # The shards may run anywhere; the two that open the store only where the store is.
+        here = _on_this_node()
+        self.dispatcher = dispatcher_cls.options(scheduling_strategy=here).remote(settings)
+        self.binder = binder_cls.options(scheduling_strategy=here).remote(
+            settings.store_path, self.dispatcher
+        )
         self.binder_incarnation: str = ray.get(self.binder.get_incarnation.remote())
         self.dispatcher_incarnation: str = ray.get(
             self.dispatcher.set_binder.remote(self.binder, self.binder_incarnation)

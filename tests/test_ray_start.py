@@ -42,6 +42,8 @@ def test_a_start_that_failed_otherwise_is_not_tried_again(monkeypatch: pytest.Mo
         raise ValueError("bad address")
 
     monkeypatch.setattr(ray, "init", init)
-    with pytest.raises(ValueError, match="bad address"):
+    monkeypatch.setattr(ray_cluster, "_check_reachable", lambda address: None)
+    with pytest.raises(ray_cluster.RayJoinFailed, match="at nowhere:1: ValueError: bad address") as err:
         ray_cluster._start_ray("nowhere:1")
+    assert isinstance(err.value.__cause__, ValueError)
     assert len(calls) == 1
