@@ -2,8 +2,6 @@
 store's actors run, what an idle master costs, and a component that stops answering for a while."""
 
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ ray = pytest.importorskip("ray")
 
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-from gosched.api.server import ServerHandle, serve  # noqa: E402
+from gosched.api.server import serve  # noqa: E402
 from gosched.api.service import Unavailable  # noqa: E402
 from gosched.common.config import Settings  # noqa: E402
 from gosched.runtime import ray_cluster, ray_control  # noqa: E402
@@ -22,6 +20,7 @@ from gosched.runtime.control import ControlUnavailable  # noqa: E402
 from gosched.runtime.ray_control import RayControl  # noqa: E402
 from gosched.runtime.simulation import sim_nodes  # noqa: E402
 from tests.builders import make_job  # noqa: E402
+from tests.test_api_unavailable import readyz  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -151,14 +150,6 @@ def test_an_idle_shard_learns_when_a_parked_job_is_due(tmp_path: Path) -> None:
 
 
 # -- a component that stops answering, and comes back ------------------------------------------
-def readyz(handle: ServerHandle) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{handle.http_port}/readyz", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_a_restarting_binder_makes_the_master_not_ready_until_it_answers_again(tmp_path: Path) -> None:
     # /readyz said 200 all along, while every call failed.
     handle = serve(
