@@ -127,6 +127,24 @@ def gpus_from_text(text: str) -> Gpus:
     return tuple(out)
 
 
+def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> str:
+    """Set WAL mode, retrying while another process does the same on a fresh file.
+
+    Two connections switching a new file at once can deadlock on the lock upgrade; SQLite then
+    answers "database is locked" at once instead of waiting in the busy handler, so we wait here.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
 class Store:
     """One SQLite connection in WAL mode; safe to share between threads (calls are serialised)."""
 
@@ -138,7 +156,7 @@ class Store:
             self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         c = self._conn
-        self.journal_mode = str(c.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        self.journal_mode = _switch_to_wal(c, busy_timeout_s)
         c.execute("PRAGMA synchronous=NORMAL")
         c.execute("PRAGMA foreign_keys=OFF")
         c.execute("PRAGMA temp_store=MEMORY")

@@ -1,8 +1,11 @@
 """The SQLite store: round trips, one transaction per call, WAL, submissions (real files in tmp_path)."""
 
+import multiprocessing
+import multiprocessing.queues
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -241,3 +244,32 @@ def test_gpu_text() -> None:
     assert gpus_from_text("") == ()
     pairs = ((0, 1000), (7, 250))
     assert gpus_from_text(gpus_to_text(pairs)) == pairs
+
+
+def _open_store(path: str, go: Any, results: "multiprocessing.queues.Queue[str]") -> None:
+    go.wait()
+    try:
+        Store(path)
+        results.put("ok")
+    except Exception as error:  # reported to the parent, which asserts on it
+        results.put(repr(error))
+
+
+def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path: Path) -> None:
+    # The dispatcher and binder actors open the same new file together. Switching it to WAL can
+    # deadlock on the lock upgrade, which SQLite answers with "locked" at once, without waiting.
+    ctx = multiprocessing.get_context("fork")
+    failures: list[str] = []
+    for attempt in range(20):
+        path = str(tmp_path / f"s{attempt}.db")
+        results = ctx.Queue()
+        go = ctx.Event()
+        openers = [ctx.Process(target=_open_store, args=(path, go, results)) for _ in range(6)]
+        for p in openers:
+            p.start()
+        go.set()
+        outcomes = [results.get(timeout=60) for _ in openers]
+        for p in openers:
+            p.join()
+        failures += [o for o in outcomes if o != "ok"]
+    assert failures == []
