@@ -28,7 +28,7 @@ class RunResult:
     nodes: int
     shards: int
     tasks: int  # measured tasks
-    bound: int  # measured tasks bound
+    bound: int  # bindings of measured tasks (one evicted and placed again counts again)
     seconds: float
     conflict_rate: float
     retries: int  # units proposed again after a rejection or an unschedulable verdict

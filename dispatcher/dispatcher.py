@@ -110,6 +110,10 @@ class Dispatcher:
         # Queues whose order is by current usage (DRF across tenants, weighted fair share): past the
         # free room, their next unit waits for those in flight (see next_batches).
         self._fenced = [q.policy in FENCED_POLICIES for q in settings.queues]
+        # The others (FIFO, priority, deadline) are ordered by the jobs alone: with more than one
+        # shard, a unit that would need room claimed by units in flight waits for their answers
+        # (a later unit on a shard that commits first would otherwise take an earlier one's room).
+        self._ordered = [not fenced for fenced in self._fenced]
         self._jobs: dict[str, JobRecord] = {}
         self._finished: dict[str, FinishedJob] = {}  # oldest first
         # Restored jobs of queues no longer configured: shown and cancellable, never scheduled
@@ -285,10 +289,14 @@ class Dispatcher:
         enforce_max = usage.has_capacity
         capped, shares_matter = cap.capped, cap.shares_matter
         fenced = self._fenced if usage.has_capacity and any(self._fenced) else None
-        free = usage.unclaimed() if fenced is not None else []
+        ordered = self._ordered if n_shards > 1 and usage.has_capacity and any(self._ordered) else None
+        # unheld: capacity less what is held; free: less what is in flight too (this call's units
+        # included, counted down below).
+        unheld, free = usage.room() if fenced is not None or ordered is not None else ([], [])
         n = 0
-        # A lone queue with neither cap nor guarantee, and no fence or share listener: nothing
-        # in the loop reads the usage, so the units' in-flight cost is added once at the end.
+        # A lone queue with neither cap nor guarantee, and no fairness fence or share listener:
+        # nothing in the loop reads the usage (the room is read once, above), so the units'
+        # in-flight cost is added once at the end.
         lone = not shares_matter and fenced is None and not usage.has_listeners
         inflight: dict[tuple[str, str], list[int]] | None = {} if lone else None
         while n < limit and heap:
@@ -353,6 +361,19 @@ class Dispatcher:
                 # queue waits for their answers, so the room goes in the queue's order.
                 blocked[best] = True
                 continue
+            if (
+                ordered is not None
+                and ordered[best]
+                and self._inflight
+                and not _fits((cpu, mem, gpu), free)
+                and _fits((cpu, mem, gpu), unheld)
+                and not cap.below_guarantee(best, shares[best])
+            ):
+                # Room that units in flight claim: a later unit of theirs, on a shard that commits
+                # first, would take it from an earlier one. Wait for their answers. A unit that
+                # does not fit even without them must preempt anyway, so it goes.
+                blocked[best] = True
+                continue
             pq.pop()
             reclaim = NO_RECLAIM
             if cap.below_guarantee(best, shares[best]):
@@ -371,7 +392,7 @@ class Dispatcher:
             if s == rec.last_shard and heap and heap[0][0] == load:
                 load, s = heapq.heapreplace(heap, (load, s))
             unit = self._dispatch(rec, idx, (cpu, mem, gpu), s, reclaim, floors[best], now, inflight)
-            if fenced is not None:
+            if free:
                 free = [free[0] - cpu, free[1] - mem, free[2] - gpu]
             batches[s].append(unit)
             if len(batches[s]) < per_shard_cap:

@@ -149,11 +149,17 @@ class UsageTracker:
 
     def unclaimed(self) -> list[int]:
         """The cluster capacity less what every queue holds and has in flight: cpu, memory, gpu."""
+        return self.room()[1]
+
+    def room(self) -> tuple[list[int], list[int]]:
+        """(capacity less what is held, that less what is in flight too): cpu, memory, gpu."""
+        unheld = list(self._cap)
         free = list(self._cap)
         for row in self._queues.values():
             for i in range(3):
+                unheld[i] -= row[i]
                 free[i] -= row[i] + row[i + 3]
-        return free
+        return unheld, free
 
     def queue_share(self, queue: str) -> float:
         """Dominant share of the queue, held + in-flight."""

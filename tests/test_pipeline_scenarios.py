@@ -76,7 +76,10 @@ def test_a_job_judged_beside_a_refused_gang_is_retried_without_a_cluster_change(
     # on n2 first, and the binder refuses the gang whole: n1 was free all along, yet nothing the
     # binder did made room, so no change wakes "b". Its verdict must not be trusted.
     n1, n2 = make_node("n1").cpu("2").mem("2Gi").build(), make_node("n2").cpu("3").mem("2Gi").build()
-    p = pipeline(tmp_path, [n1, n2], shards=2, unschedulable_retry_s=3600.0)
+    # A node none of them tolerates: the cluster's room stays past what is in flight, so the
+    # dispatcher's wait for claimed room does not hold "g" and "b" back from shard 1.
+    spare = make_node("spare").cpu("8").mem("8Gi").taint("reserved").build()
+    p = pipeline(tmp_path, [n1, n2, spare], shards=2, unschedulable_retry_s=3600.0)
     d, binder = p.dispatcher, p.binder
     p.submit_many([make_job(f"warm-{i}").mem("1Gi").build() for i in range(2)])
     p.run_until_idle()  # each shard has had a batch since the cluster last changed
@@ -238,6 +241,53 @@ def test_a_fairness_queue_splits_scarce_room_by_its_order_whatever_the_shards(
     for t in ("alice", "bob"):
         running[t] = sum(p.dispatcher.job_state(f"{t}{i}") is JobState.RUNNING for i in range(per_tenant))
     assert running == want
+
+
+# (policy, jobs in submission order as (name, GPUs, priority, deadline)); in the queue's order
+# they are x (1 GPU), a (3 GPUs), b (1 GPU), on one 4-GPU node: x and a run, b waits.
+ORDERED_QUEUES = [
+    (QueuePolicy.FIFO, [("x", 1, 0, None), ("a", 3, 0, None), ("b", 1, 0, None)]),
+    (QueuePolicy.PRIORITY, [("b", 1, 1, None), ("x", 1, 30, None), ("a", 3, 20, None)]),
+    (QueuePolicy.DEADLINE, [("b", 1, 0, 3e9), ("a", 3, 0, 2e9), ("x", 1, 0, 1e9)]),
+]
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+@pytest.mark.parametrize(("policy", "jobs"), ORDERED_QUEUES, ids=[c[0].value for c in ORDERED_QUEUES])
+def test_an_ordered_queue_gives_scarce_room_in_its_order_whatever_the_shards(
+    tmp_path: Path, shards: int, policy: QueuePolicy, jobs: list[tuple[str, int, int, float | None]]
+) -> None:
+    """With two shards x and b went to shard 0 and a to shard 1; shard 0 committed first, so b
+    took the GPU that a, ahead of it, needed, and a waited for a job behind it to end."""
+    p = pipeline(
+        tmp_path,
+        [make_node("g").cpu("16").mem("64Gi").gpus(4).build()],
+        shards=shards,
+        queues=[QueueConfig(name="default", policy=policy)],
+        profile=ProfileConfig(locating=[]),
+    )
+    built = []
+    for name, gpus, priority, deadline in jobs:
+        job = make_job(name).cpu("1").gpus(gpus).priority(priority)
+        built.append((job.deadline(deadline) if deadline is not None else job).build())
+    p.submit_many(built)
+    p.run_until_idle()
+    running = {name for name, *_ in jobs if p.dispatcher.job_state(name) is JobState.RUNNING}
+    assert running == {"x", "a"}
+    assert p.dispatcher.job_state("b") is JobState.PENDING
+
+
+def test_a_unit_that_must_preempt_is_not_held_back_by_units_in_flight(tmp_path: Path) -> None:
+    """The wait for claimed room is for units that could fit in it: one that needs more than the
+    cluster has unheld goes at once, beside the units in flight, to preempt."""
+    p = pipeline(tmp_path, [make_node("g").cpu("16").mem("64Gi").gpus(4).build()], shards=2)
+    p.submit(make_job("low").cpu("1").gpus(3).build())
+    p.run_until_idle()
+    p.submit_many(
+        [make_job("small").cpu("1").gpus(1).build(), make_job("hi").cpu("1").gpus(4).priority(100).build()]
+    )
+    batches = p.dispatcher.next_batches([0, 0])
+    assert sorted(u.job.id for b in batches for u in b.units) == ["hi", "small"]
 
 
 def test_room_freed_goes_to_each_tenants_oldest_waiting_jobs(tmp_path: Path) -> None:
