@@ -9,16 +9,20 @@ The handlers and their error mapping are in gosched.api.servicers, /metrics in g
 the HTTP endpoint in gosched.api.http. The AgentService (gosched.api.agents) is served on the same
 port: node agents register there and hold their stream.
 
-`serve` holds `<store>.lock` (flock) until stop and binds the port without SO_REUSEPORT, so a
-second master on the same store or port fails at start (StoreBusy, or an OSError naming the port).
+`serve` binds its ports without SO_REUSEPORT and holds `<store>.lock` (flock) until stop, so a
+second master on the same port or store fails at start (PortUnavailable naming the port, or
+StoreBusy). The ports are bound before anything is made on disk; a start that fails after that
+removes what it made (folders, lock file, log folder, a new store) before it lets the lock go.
 """
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -68,19 +72,40 @@ class StoreBusy(RuntimeError):
     """Another master holds the store: two would both run its jobs."""
 
 
+LOCK_ATTEMPTS = 20  # tries to lock a lock file that a failing start removed meanwhile
+
+
 def lock_store(db: Path) -> IO[str]:
     """Hold `<store>.lock` exclusively for as long as the returned file stays open (the agent's
-    agent.lock does the same for its work dir); StoreBusy if another master holds it."""
+    agent.lock does the same for its work dir), making the store's folder if need be; StoreBusy
+    if another master holds it."""
     path = db.with_name(f"{db.name}.lock")
-    handle: IO[str] = path.open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        handle.seek(0)
-        holder = handle.read().strip()
+    for _ in range(LOCK_ATTEMPTS):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            handle: IO[str] = path.open("a+")
+        except FileNotFoundError:  # a failed start removed the folder it had made: make it again
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            pid = f" (pid {holder})" if holder else ""
+            raise StoreBusy(
+                f"another master{pid} holds the store {db}: stop it or use another --store"
+            ) from exc
+        # A failed start removes the lock file it made, holding it: a lock taken on that file once
+        # it is gone guards nothing, so lock the one now at the path instead.
+        try:
+            if os.path.samestat(os.fstat(handle.fileno()), path.stat()):
+                break
+        except FileNotFoundError:
+            pass
         handle.close()
-        pid = f" (pid {holder})" if holder else ""
-        raise StoreBusy(f"another master{pid} holds the store {db}: stop it or use another --store") from exc
+    else:  # a dangling symlink, say: the path never yields a lock file that stays
+        raise OSError(f"cannot lock {path}: it keeps vanishing or cannot be created")
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -162,15 +187,104 @@ HEALTH_POLL_S = 0.5  # how soon gRPC health follows the scheduler's readiness
 PORT_TAKEN = "the port is taken (another master?) or the address is not this machine's"
 
 
+class PortUnavailable(OSError):
+    """The gRPC or the HTTP port (`kind`: "grpc" or "http") cannot be listened on; the message
+    names the address and why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is taken (another master?)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "the address is not this machine's"
+    if exc.errno == errno.EACCES:
+        return "permission denied (a port below 1024 needs privileges)"
+    return exc.strerror or str(exc)
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why gRPC could not listen on host:port, found by binding a socket as gRPC binds its own
+    (SO_REUSEADDR, no SO_REUSEPORT; a wildcard host dual-stack on [::], else on 0.0.0.0; any one
+    resolved address will do), or None. Asked first because gRPC's own failure also writes its C
+    core's log lines to stderr; a port taken in between still fails in gRPC."""
+    if port == 0:
+        return None
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    candidates: list[tuple[int, tuple[str, int]]]
+    if name in ("", "::", "0.0.0.0"):
+        candidates = [(socket.AF_INET6, ("::", port)), (socket.AF_INET, ("0.0.0.0", port))]
+    else:
+        try:
+            found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError:
+            return None  # gRPC resolves it again and says why
+        candidates = [(int(family), (str(addr[0]), port)) for family, _, _, _, addr in found]
+    errors: list[OSError] = []
+    for family, address in candidates:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                probe.bind(address)
+                probe.listen()
+            return None
+        except OSError as exc:
+            errors.append(exc)
+    # "In use" over the rest: a machine without IPv6 fails [::] for that reason alone.
+    return next((e for e in errors if e.errno == errno.EADDRINUSE), errors[-1] if errors else None)
+
+
 def _listen(server: grpc.Server, host: str, port: int) -> int:
-    """Bind the gRPC port; an OSError naming it if it is taken (gRPC itself raises RuntimeError)."""
+    """Bind the gRPC port; PortUnavailable naming it if it is taken (gRPC itself raises RuntimeError)."""
+    refused = _bind_error(host, port)
+    if refused is not None:
+        raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {_why(refused)}")
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as exc:
-        raise OSError(f"cannot listen on {host}:{port}: {PORT_TAKEN}") from exc
+        raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {PORT_TAKEN}") from exc
     if bound == 0:  # older gRPC releases return 0 rather than raise
-        raise OSError(f"cannot listen on {host}:{port}: {PORT_TAKEN}")
+        raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {PORT_TAKEN}")
     return bound
+
+
+def _new_paths(*paths: Path) -> list[Path]:
+    """Those of `paths` and of their folders that do not exist yet: what a start that fails may
+    remove again, having made them."""
+    new: list[Path] = []
+    for path in paths:
+        while path not in new and not os.path.lexists(path):
+            new.append(path)
+            path = path.parent
+    return new
+
+
+def _undo_start(db: Path, log_root: Path, made: Sequence[Path], store_new: bool) -> None:
+    """Remove what a failed start made, the lock still held: a new store's files, then the log
+    folder, then the lock file, then the folders, deepest first. The lock file goes after the
+    store's files, so that a master that locks the path anew finds no store this start is
+    removing (lock_store checks that the file it locked is still the path's)."""
+    lock = db.with_name(f"{db.name}.lock")
+    files = [db.with_name(db.name + end) for end in ("", "-wal", "-shm")] if store_new else []
+    firsts = [p for p in (log_root, lock) if p in made]
+    folders = sorted((p for p in made if p not in firsts), key=lambda p: len(p.parts), reverse=True)
+    _remove_new([*files, *firsts, *folders])
+
+
+def _remove_new(paths: Iterable[Path]) -> None:
+    """Remove `paths` in their order; a folder only if empty (a log folder with output in it, or
+    one another process has put something in since, stays)."""
+    for path in paths:
+        with contextlib.suppress(OSError):  # not empty, or not there
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
 
 
 def absolute_store(store_path: str | Path) -> str:
@@ -234,16 +348,9 @@ def serve(
     """
     db_path = absolute_store(store_path or settings.store_path)
     make = control_factory(settings, nodes, runtime=runtime, store_path=db_path, ray_address=ray_address)
-    service = SchedulerService(make, queues=settings.queues)
+    service = SchedulerService(make, queues=settings.queues, store_path=db_path)
     db = Path(db_path)
-    logs = LogStore(log_dir if log_dir is not None else db.parent / f"{db.name}.logs")
-    gateway = AgentGateway(
-        service, logs, heartbeat_interval_s=heartbeat_interval_s, node_timeout_s=node_timeout_s
-    )
-    if sim_task_seconds is not None:
-        service.tick_hooks.append(SimulatedTasks(sim_task_seconds).tick)
-    # Before anything runs: a second master on this store fails here, naming it.
-    store_lock = None if str(db) == ":memory:" else lock_store(db)
+    log_root = Path(log_dir) if log_dir is not None else db.parent / f"{db.name}.logs"
     metrics = SchedulerMetrics(service)
     service.on_round = metrics.observe_round
 
@@ -252,8 +359,37 @@ def serve(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gosched-grpc"),
         options=SERVER_OPTIONS,
     )
+    http_server: ThreadingHTTPServer | None = None
+    store_lock: IO[str] | None = None
+    made: list[Path] = []
+    store_new = False
     handle: ServerHandle | None = None
     try:
+        # The ports first: a port taken (the commonest failure at start) then leaves nothing made on
+        # disk. They are not served before start() below.
+        bound_grpc = _listen(server, host, grpc_port)
+        if http_port is not None:
+            try:
+                http_server = ThreadingHTTPServer((http_host, http_port), http_handler(service, metrics))
+            except OSError as exc:  # name the port: "Address already in use" alone does not
+                raise PortUnavailable(
+                    "http", f"cannot serve HTTP on {http_host}:{http_port}: {_why(exc)}"
+                ) from exc
+            http_server.daemon_threads = True
+
+        # Then the store, before anything runs: a second master on it fails here, naming it.
+        if str(db) != ":memory:":
+            made = _new_paths(db.with_name(f"{db.name}.lock"), log_root)
+            store_lock = lock_store(db)
+            # Judged under the lock: an existing store's -wal may hold its last transactions.
+            store_new = not db.exists()
+        logs = LogStore(log_root)
+        gateway = AgentGateway(
+            service, logs, heartbeat_interval_s=heartbeat_interval_s, node_timeout_s=node_timeout_s
+        )
+        if sim_task_seconds is not None:
+            service.tick_hooks.append(SimulatedTasks(sim_task_seconds).tick)
+
         jobs = JobServicer(service, logs, max_streams=max(1, workers // 4), stopping=gateway.stopping)
         jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(gateway, server)
@@ -265,16 +401,6 @@ def serve(
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        bound_grpc = _listen(server, host, grpc_port)
-
-        http_server = None
-        if http_port is not None:
-            try:
-                http_server = ThreadingHTTPServer((http_host, http_port), http_handler(service, metrics))
-            except OSError as exc:  # name the port: "Address already in use" alone does not
-                why = f"cannot serve HTTP on {http_host}:{http_port}: {exc.strerror}"
-                raise OSError(exc.errno, why) from exc
-            http_server.daemon_threads = True
 
         server.start()
         service.start()
@@ -300,14 +426,20 @@ def serve(
         handle._health_thread.start()
         if wait_ready:
             service.wait_ready()
+            # Ready, so taking jobs (calls are refused before): the store stays, whatever comes.
+            made, store_new = [], False
             announced.wait()
     except BaseException:
-        # Nothing half-started stays behind: the port and the store are free for the next try.
+        # Nothing half-started stays behind: the ports and the store are free for the next try.
         if handle is not None:
+            handle._store_lock = None  # kept until what this start made is removed
             handle.stop()
         else:
             server.stop(None)
-            if store_lock is not None:
-                store_lock.close()
+            if http_server is not None:
+                http_server.server_close()
+        if store_lock is not None:
+            _undo_start(db, log_root, made, store_new)
+            store_lock.close()
         raise
     return handle

@@ -14,10 +14,12 @@ import contextlib
 import functools
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import TypeAlias
 
 from gosched.common.config import QueueConfig
@@ -26,6 +28,7 @@ from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import NodeState
 from gosched.common.snapshots import Counters, JobSnapshot, NodeSnapshot
 from gosched.common.states import TERMINAL, JobState, TaskState
+from gosched.common.store import RestartRow, Store
 from gosched.runtime.control import (
     ControlLost,
     ControlPlane,
@@ -128,8 +131,9 @@ FAILURE_PAUSE_S = 0.5  # after a failed round or hook, before the next try
 # on one line at most this often, with the count since: not at the loop's pace.
 FAILURE_LOG_EVERY_S = 60.0
 IDLE_SLEEP_MAX_S = 0.05  # longest idle sleep between two passes (the tick hooks' pace)
-# Tasks whose restarts are remembered (in memory): past this many, the jobs noted longest ago are
-# forgotten first.
+RESTARTS_BUSY_S = 2.0  # how long a save of restart counts waits for the store's other writers
+# Tasks whose restarts are remembered in memory (and loaded back at a start): past this many, the
+# jobs noted longest ago are forgotten first. The store keeps every task's row for as long as its job.
 RESTARTS_KEPT = 100_000
 
 # Called under the lock from the scheduling thread between steps; True if it changed anything.
@@ -157,7 +161,10 @@ class SchedulerService:
     While the control plane is unavailable (`control.unavailable`: a component or its cluster does
     not answer) the service is not ready, refuses calls with Unavailable, skips the tick hooks and
     logs it once; ControlLost (the cluster is gone for good) stops it, with the error kept in
-    `error` (a master then exits non-zero)."""
+    `error` (a master then exits non-zero).
+
+    With `store_path` (the control plane's store), the restart counts agents report are saved
+    there too and loaded back when the service starts again."""
 
     def __init__(
         self,
@@ -166,8 +173,12 @@ class SchedulerService:
         queues: Sequence[QueueConfig],
         idle_sleep_s: float = IDLE_SLEEP_MAX_S,
         on_round: Callable[[ControlPlane], None] | None = None,
+        store_path: str | Path | None = None,
     ) -> None:
         self._make_control = make_control
+        # A second connection would open another, empty ":memory:" database: memory only then.
+        self._store_path = None if store_path is None or str(store_path) == ":memory:" else store_path
+        self._store: Store | None = None  # opened by the scheduling thread, after the control plane
         self.queue_configs = list(queues)
         self.idle_sleep_s = idle_sleep_s
         self.on_round = on_round  # called under the lock after each round that made progress
@@ -183,8 +194,8 @@ class SchedulerService:
         self.error: BaseException | None = None
         self._order: list[str] = []  # job ids, in submission order
         self._known: set[str] = set()
-        # Agent-reported restarts, job id -> task index -> the latest report (lock held). In memory
-        # only: a restarted master shows 0 until the next restart of each task.
+        # Agent-reported restarts, job id -> task index -> the latest report (lock held); saved in
+        # the store (with store_path), so a restarted master shows them again.
         self._restarts: dict[str, dict[int, TaskRestarts]] = {}
         self._restarts_kept = 0
         self._failures: dict[tuple[str, str], list[float]] = {}  # kind -> [count since logged, logged at]
@@ -241,6 +252,9 @@ class SchedulerService:
             if self._control is not None:
                 self._control.close()
                 self._control = None
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
     @property
     def control(self) -> ControlPlane:
@@ -254,10 +268,41 @@ class SchedulerService:
     def _run(self) -> None:
         try:
             control = self._make_control()
+            store: Store | None = None
+            saved: list[RestartRow] = []
+            try:
+                if self._store_path is not None:
+                    # A short busy timeout: saves run under the service's lock, in the gateway's tick.
+                    store = Store(self._store_path, busy_timeout_s=RESTARTS_BUSY_S)
+                    # After the control plane's restore: rows of the attempts it ended are left out.
+                    saved = store.load_restarts(RESTARTS_KEPT)
+            except sqlite3.Error as exc:  # counts are for show: the scheduler starts without them
+                log.warning("restart counts not loaded, kept in memory only: %s", exc)
+                if store is not None:
+                    store.close()
+                store, saved = None, []
+            except BaseException:
+                if store is not None:
+                    store.close()
+                control.close()
+                raise
             with self.lock:
-                self._control = control
+                if self._stop.is_set():  # stopped while it started (stop() found nothing to close)
+                    control.close()
+                    if store is not None:
+                        store.close()
+                    return
+                self._control, self._store = control, store
                 for job_id in control.job_ids():  # restored jobs stay listable
                     self._remember(job_id)
+                self._keep_restarts(
+                    {
+                        task_id(r.job_id, r.idx): TaskRestarts(
+                            r.attempt, r.restarts, r.last_reason, r.last_time, r.node
+                        )
+                        for r in saved
+                    }
+                )
         except BaseException as exc:  # wait_ready() raises it, told on one line
             if debugging():
                 log.error("the scheduler failed to start", exc_info=exc)
@@ -407,7 +452,22 @@ class SchedulerService:
     # -- restarts reported by node agents ------------------------------------------------------------
     def note_restarts(self, restarts: Mapping[str, TaskRestarts]) -> None:
         """Take agents' restart reports, by task id (lock held: the agent gateway's tick). A report
-        replaces the one before it: the agent's count is the run's total so far."""
+        replaces the one before it: the agent's count is the run's total so far. They are saved in
+        one transaction: the tick hands over every report since the last one at once."""
+        self._keep_restarts(restarts)
+        if self._store is None or not restarts:
+            return
+        rows = []
+        for tid, rec in restarts.items():
+            job_id, index = split_task_id(tid)
+            rows.append(RestartRow(job_id, index, rec.attempt, rec.count, rec.reason, rec.at, rec.node))
+        try:
+            self._store.save_restarts(rows)
+        except sqlite3.Error as exc:  # shown from memory still; the task's next report saves it again
+            self._log_failure("saving restart counts", exc)
+
+    def _keep_restarts(self, restarts: Mapping[str, TaskRestarts]) -> None:
+        """Remember reports in memory (lock held), within RESTARTS_KEPT tasks."""
         for tid, rec in restarts.items():
             job_id, index = split_task_id(tid)
             noted = self._restarts.pop(job_id, {})  # back in last: the most recently noted job

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from gosched.agent.containers import RUNTIME_PROBE_S
+from gosched.cli.exits import ExitCode
 from gosched.cli.flags import FlagError, check_seconds, refuse
 from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Taint, TaintEffect
 from gosched.common.quantity import parse_bytes, parse_milli
@@ -149,7 +150,7 @@ def register(app: typer.Typer) -> None:
             )
         except ValueError as exc:  # SpecError: the node as a whole (e.g. a label the master refuses)
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
+            raise typer.Exit(ExitCode.USAGE) from exc
         machine = runner.machine
         if runner.node.cpu_milli > machine.cpu_count * 1000 or runner.node.memory > machine.memory_bytes:
             typer.echo("warning: advertising more CPUs or memory than this machine has", err=True)
@@ -164,5 +165,5 @@ def register(app: typer.Typer) -> None:
             runner.run()
         except WorkDirBusy as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+            raise typer.Exit(ExitCode.FAILED) from exc
         typer.echo("agent stopped")

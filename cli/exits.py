@@ -3,6 +3,10 @@
 Scripts test these codes, so they are part of the interface:
 0 ok; 1 the job failed or a wait ended badly; 2 bad usage or an invalid spec; 3 not found;
 4 refused by admission (resource exhausted); 5 the master is unavailable.
+
+The long-running commands (`master`, `up`, `agent`) use two of them: 2 (USAGE) for a flag or
+configuration invalid in itself, refused before anything starts; 1 (FAILED) for what the machine
+refuses at start (a port in use, a store or work dir another process holds) or a stop on failure.
 """
 
 import contextlib

@@ -1,6 +1,12 @@
 """`gosched master` (the scheduler and its API, for real deployments) and `gosched up` (the
 embedded default on one machine: a local Ray, the master, this machine's own agent, and simulated
-nodes, with a sample job to show it working)."""
+nodes, with a sample job to show it working).
+
+Exit status (cli/exits.py's codes): 2 (USAGE) for a flag or configuration that is invalid in
+itself, refused before anything starts; 1 (FAILED) when the machine refuses the start (a port in
+use, another master holding the store, Ray not answering) or the scheduler stops while running.
+Each is one `error: ...` line on stderr, never a traceback.
+"""
 
 import os
 import signal
@@ -16,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from gosched.cli.exits import ExitCode
 from gosched.cli.flags import check_count, check_seconds, refuse
 from gosched.common.config import Settings, load_settings, unknown_key_hints
 
@@ -47,7 +54,7 @@ def settings_or_exit(build: Callable[[], Settings], config: str | None = None) -
         if source and isinstance(exc, ValidationError):
             told.append(f"(settings from {source}, GOSCHED_* variables and flags)")
         typer.echo("\n".join(told), err=True)
-        raise typer.Exit(2) from exc
+        raise typer.Exit(ExitCode.USAGE) from exc
 
 
 def flag_settings(**flags: Any) -> Settings:
@@ -76,31 +83,63 @@ def _check_sim_flags(sim_nodes: int, sim_task_seconds: float) -> None:
         refuse(exc)
 
 
-def note_new_store(store_path: str) -> None:
-    """Say so when the store does not exist yet: the master creates it (and its folders), which a
-    first start needs, but a mistyped --store on a restart would otherwise look like an empty cluster."""
+def missing_store(store_path: str) -> Path | None:
+    """The store's path if it does not exist yet, asked before the start creates it (":memory:"
+    never is): see note_new_store."""
     if store_path == ":memory:":
-        return
+        return None
     path = Path(store_path)  # as serve() opens it (no ~ expansion there either)
-    if not path.exists():
-        typer.echo(f"note: no store at {path.absolute()}: starting a new, empty one", err=True)
+    return None if path.exists() else path.absolute()
 
 
-def _wait_for_signal(handle: Any) -> None:
-    """Block until Ctrl-C or SIGTERM, or until the scheduler itself has stopped (then exit 1)."""
+def note_new_store(path: Path | None) -> None:
+    """Say so once the master has started on a store that did not exist (missing_store): a first
+    start needs it made, but a mistyped --store on a restart would otherwise look like an empty
+    cluster. Not before the start: one that fails makes no store (serve removes what it made)."""
+    if path is not None:
+        typer.echo(f"note: no store at {path}: started a new, empty one", err=True)
+
+
+def stop_reason(error: BaseException | None) -> str:
+    """Why the scheduler stopped, on one line: a SchedulerFailure's own words, else the
+    exception's type and message (its repr would show quotes and escapes)."""
+    from gosched.runtime.control import SchedulerFailure, describe_error
+
+    if error is None:
+        return "the scheduler stopped"
+    why = str(error) if isinstance(error, SchedulerFailure) else describe_error(error)
+    return f"the scheduler stopped: {why}"
+
+
+def _stop_signals() -> threading.Event:
+    """An event that Ctrl-C or SIGTERM sets from now on, instead of ending the process at once."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _wait_for_signal(handle: Any, stop: threading.Event | None = None) -> None:
+    """Block until Ctrl-C or SIGTERM (`stop`, or from now on), or until the scheduler itself has
+    stopped (then exit 1)."""
+    stop = stop or _stop_signals()
     while not stop.wait(0.5):
         if not handle.service.alive:
-            raise typer.Exit(_fail(f"the scheduler stopped: {handle.service.error!r}"))
+            raise typer.Exit(_fail(stop_reason(handle.service.error)))
+
+
+PORT_FLAGS = {"grpc": "--grpc-port", "http": "--http-port"}
 
 
 def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -> Any:
-    from gosched.api.server import serve
+    """serve(), ready; a start the machine refuses is one `error:` line and exit 1 (the module's
+    docstring has the rule)."""
+    from gosched.api.server import PortUnavailable, serve
     from gosched.runtime.simulation import sim_nodes as make_sim_nodes
 
     nodes = make_sim_nodes(sim_nodes) if sim_nodes else []
+    # SIGTERM during the start unwinds serve() as Ctrl-C does, so it removes what it made.
+    previous = signal.signal(signal.SIGTERM, _interrupt_start)
     try:
         return serve(
             settings,
@@ -115,12 +154,26 @@ def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -
             node_timeout_s=settings.node_timeout_s,
             wait_ready=True,
         )
-    except OSError as exc:
+    except PortUnavailable as exc:
+        typer.echo(
+            f"error: cannot start the master: {exc}; choose another with {PORT_FLAGS[exc.kind]}", err=True
+        )
+        raise typer.Exit(ExitCode.FAILED) from exc
+    except OSError as exc:  # the store's folder cannot be made or opened
         typer.echo(f"error: cannot start the master: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    except RuntimeError as exc:  # the scheduler (Ray, or the store) failed to come up
+        raise typer.Exit(ExitCode.FAILED) from exc
+    except RuntimeError as exc:  # StoreBusy, or the scheduler (Ray, the store) failed to come up
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise typer.Exit(ExitCode.FAILED) from exc
+    except KeyboardInterrupt as exc:
+        typer.echo("stopped before the master was ready", err=True)
+        raise typer.Exit(ExitCode.INTERRUPTED) from exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_start(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def master(
@@ -143,7 +196,11 @@ def master(
     sim_nodes: SimNodesOpt = 0,
     sim_task_seconds: SimSecondsOpt = 5.0,
 ) -> None:
-    """Run the scheduler (dispatcher, binder, shards as Ray actors) and serve its API."""
+    """Run the scheduler (dispatcher, binder, shards as Ray actors) and serve its API.
+
+    Exits 2 on an invalid flag or configuration, before starting; 1 if the start is refused (a port
+    in use, another master on the store, Ray not answering) or the scheduler stops.
+    """
     _check_sim_flags(sim_nodes, sim_task_seconds)
     settings = _settings(
         config,
@@ -154,14 +211,16 @@ def master(
         ray_address=address,
         runtime="local" if in_process else None,
     )
-    note_new_store(settings.store_path)  # before _start opens (and so creates) it
+    new_store = missing_store(settings.store_path)  # before _start creates it
     handle = _start(settings, sim_nodes, sim_task_seconds if sim_nodes else None)
+    stop = _stop_signals()  # before "ready": a supervisor may send SIGTERM as soon as it reads it
+    note_new_store(new_store)
     typer.echo(
         f"gosched master ready: gRPC :{handle.grpc_port}, HTTP :{handle.http_port}, "
         f"{settings.shards} shard(s) on {settings.runtime}, store {settings.store_path}"
     )
     try:
-        _wait_for_signal(handle)
+        _wait_for_signal(handle, stop)
     finally:
         typer.echo("stopping")
         handle.stop()
@@ -184,7 +243,11 @@ def up(
         bool, typer.Option("--exit-after-demo", help="Stop once the sample jobs have finished.")
     ] = False,
 ) -> None:
-    """The embedded default: a local Ray, the master, this machine's agent, simulated nodes."""
+    """The embedded default: a local Ray, the master, this machine's agent, simulated nodes.
+
+    Exits 2 on an invalid flag or configuration, before starting; 1 if the start is refused (a port
+    in use, another master on the store) or something stops on a failure.
+    """
     from gosched import Client
 
     _check_sim_flags(sim_nodes, sim_task_seconds)
@@ -200,10 +263,11 @@ def up(
         http_port=http_port,
         runtime="ray",
     )
-    note_new_store(settings.store_path)  # before _start opens (and so creates) it
+    new_store = missing_store(settings.store_path)  # before _start creates it
     started = time.monotonic()
     typer.echo(f"starting Ray and the master ({settings.shards} shards) ...")
     handle = _start(settings, sim_nodes, sim_task_seconds)
+    note_new_store(new_store)
     target = f"127.0.0.1:{handle.grpc_port}"
     me = socket.gethostname()
     agent = subprocess.Popen(
@@ -306,7 +370,7 @@ def _sample_job(job_id: str) -> dict[str, Any]:
 
 def _fail(message: str) -> int:
     typer.echo(f"error: {message}", err=True)
-    return 1
+    return ExitCode.FAILED
 
 
 def register(app: typer.Typer) -> None:

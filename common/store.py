@@ -10,6 +10,9 @@ Tables:
     tasks(task_id PK "job/index", job_id, idx, state, node, gpus, attempt, bound_at, updated,
           reason: why it failed, as its agent told it)
     nodes(name PK, spec BLOB, state)
+    task_restarts((job_id, idx) PK, attempt, restarts, last_reason, last_time, node, noted)
+                                   what a task's node agent said of restarting it, in one attempt
+                                   (schema version 3); `noted`: when the master took it
 
 Specs are encoded with gosched.common.codec. A task's GPUs are stored as text "0:1000,3:500".
 """
@@ -28,15 +31,32 @@ from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import Node
 from gosched.common.states import HOLDS_RESOURCES, JobState, TaskState
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# One row per task, replaced by each report: the agent's count is its run's total so far.
+_RESTARTS_TABLE = """
+CREATE TABLE IF NOT EXISTS task_restarts (
+    job_id      TEXT NOT NULL,
+    idx         INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    restarts    INTEGER NOT NULL,
+    last_reason TEXT NOT NULL DEFAULT '',
+    last_time   REAL NOT NULL DEFAULT 0,
+    node        TEXT NOT NULL DEFAULT '',
+    noted       REAL NOT NULL,
+    PRIMARY KEY (job_id, idx)
+) WITHOUT ROWID
+"""
 # Steps that bring a store of an older schema up to the next version, by the version they reach.
-_MIGRATIONS = {2: "ALTER TABLE tasks ADD COLUMN reason TEXT NOT NULL DEFAULT ''"}
+_MIGRATIONS = {
+    2: "ALTER TABLE tasks ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
+    3: _RESTARTS_TABLE,  # _SCHEMA created it already (IF NOT EXISTS): kept as the step's record
+}
 
 Gpus = tuple[tuple[int, int], ...]
 # (idx, state, node or None, gpus) of one task, as load_jobs returns them.
 TaskRow = tuple[int, TaskState, str | None, Gpus]
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value NOT NULL
@@ -66,6 +86,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     spec  BLOB NOT NULL,
     state TEXT NOT NULL
 );
+{_RESTARTS_TABLE}
 """
 
 _INSERT_JOB = "INSERT INTO jobs (id, submission_id, spec, submit_time, state) VALUES (?, ?, ?, ?, ?)"
@@ -90,6 +111,22 @@ _UPSERT_NODE = (
     "INSERT INTO nodes (name, spec, state) VALUES (?, ?, ?) "
     "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, state = excluded.state"
 )
+# A late report of an older attempt never replaces the current attempt's row.
+_SAVE_RESTARTS = """
+INSERT INTO task_restarts (job_id, idx, attempt, restarts, last_reason, last_time, node, noted)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (job_id, idx) DO UPDATE SET
+    attempt = excluded.attempt, restarts = excluded.restarts, last_reason = excluded.last_reason,
+    last_time = excluded.last_time, node = excluded.node, noted = excluded.noted
+WHERE excluded.attempt >= task_restarts.attempt
+"""
+# Rows whose task has moved on to a later attempt (or is not stored): never current again.
+_PRUNE_RESTARTS = """
+DELETE FROM task_restarts WHERE NOT EXISTS (
+    SELECT 1 FROM tasks t
+    WHERE t.job_id = task_restarts.job_id AND t.idx = task_restarts.idx AND t.attempt = task_restarts.attempt
+)
+"""
 _CHUNK = 500  # ids per "IN (...)" query, below SQLite's host-parameter limit
 
 
@@ -102,6 +139,18 @@ class BoundTask(NamedTuple):
     node: str
     gpus: Gpus
     bound_at: float
+
+
+class RestartRow(NamedTuple):
+    """What a task's node agent said about restarting its process, within one attempt of the task."""
+
+    job_id: str
+    idx: int
+    attempt: int
+    restarts: int
+    last_reason: str
+    last_time: float  # when the process behind the latest restart ended (the agent's clock)
+    node: str
 
 
 def _task_rows(c: sqlite3.Connection, columns: str, ids: Sequence[str]) -> Iterator[tuple[Any, ...]]:
@@ -432,6 +481,32 @@ class Store:
                 )
             )
         return out
+
+    # -- restarts reported by node agents ----------------------------------------------------------
+    def save_restarts(self, rows: Sequence[RestartRow], *, now: float | None = None) -> None:
+        """Store the latest restart report of each task, all in one transaction (the agent
+        gateway's tick hands over every report since the last one together). A row replaces the
+        task's row unless that one is of a later attempt."""
+        if not rows:
+            return
+        t = time.time() if now is None else now
+        with self._tx() as c:
+            c.executemany(_SAVE_RESTARTS, [(*row, t) for row in rows])
+
+    def load_restarts(self, limit: int | None = None) -> list[RestartRow]:
+        """The restart rows of the tasks' current attempts (`tasks.attempt`), the `limit` most
+        recently saved, oldest first. Rows of an attempt that is over are deleted on the way."""
+        with self._tx() as c:
+            c.execute(_PRUNE_RESTARTS)
+            rows = c.execute(
+                "SELECT job_id, idx, attempt, restarts, last_reason, last_time, node FROM task_restarts "
+                "ORDER BY noted DESC, job_id DESC, idx DESC LIMIT ?",
+                (-1 if limit is None else limit,),
+            ).fetchall()
+        return [
+            RestartRow(str(j), int(i), int(a), int(n), str(why), float(at), str(node))
+            for j, i, a, n, why, at, node in reversed(rows)
+        ]
 
     # -- nodes ------------------------------------------------------------------------------------
     def upsert_nodes(self, nodes: Sequence[Node], *, version: int | None = None) -> None:

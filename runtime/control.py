@@ -25,9 +25,6 @@ class SchedulerFailure(RuntimeError):
     """A failure the scheduler cannot go on from, whose message says all a user needs to know
     (what, where, what to do): shown as it is, without a traceback or the exception's type."""
 
-    def __repr__(self) -> str:  # "error: the scheduler stopped: {exc!r}" reads as the message
-        return str(self)
-
 
 class ControlLost(ControlUnavailable, SchedulerFailure):
     """The control plane is gone for good (over Ray: the cluster its actors ran in is lost). The

@@ -102,38 +102,6 @@ def test_bench_ingest_takes_a_multiple_of_replicas(monkeypatch: pytest.MonkeyPat
     assert seen == [(30, 10)]
 
 
-def test_a_missing_store_is_noted_and_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    missing = tmp_path / "some" / "mistyped" / "path.db"
-    master_cmds.note_new_store(str(missing))
-    err = capsys.readouterr().err
-    assert err == f"note: no store at {missing}: starting a new, empty one\n"
-    assert not (tmp_path / "some").exists()
-
-
-@pytest.mark.parametrize("store", ["existing", ":memory:"])
-def test_no_note_for_an_existing_or_memory_store(
-    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "gosched.db"
-    path.write_bytes(b"")
-    master_cmds.note_new_store(str(path) if store == "existing" else store)
-    assert capsys.readouterr().err == ""
-
-
-@pytest.mark.parametrize("command", ["master", "up"])
-def test_master_and_up_note_a_new_store_before_starting(command: str, tmp_path: Path) -> None:
-    store = tmp_path / "typo" / "gosched.db"
-    args = [command, "--store", str(store)]
-    args += ["--in-process"] if command == "master" else ["--work-dir", str(tmp_path / "up")]
-    result = CliRunner().invoke(app, args)
-    assert isinstance(result.exception, _Started), result.output  # the note came before the start
-    assert f"note: no store at {store}: starting a new, empty one" in result.stderr
-    store.parent.mkdir()
-    store.write_bytes(b"")
-    again = CliRunner().invoke(app, args)
-    assert isinstance(again.exception, _Started) and "note:" not in again.stderr, again.output
-
-
 def test_flag_error_exits_2_without_a_traceback() -> None:
     from gosched.cli.flags import FlagError, refuse
 

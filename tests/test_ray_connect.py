@@ -18,6 +18,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from gosched.api.service import SchedulerService, start_failure  # noqa: E402
+from gosched.cli.master_cmds import stop_reason  # noqa: E402
 from gosched.common.config import QueueConfig  # noqa: E402
 from gosched.runtime import ray_cluster  # noqa: E402
 from gosched.runtime.control import describe_error  # noqa: E402
@@ -155,7 +156,7 @@ def test_a_failed_join_names_its_cause_on_one_line_with_a_hint_for_authenticatio
     assert text.startswith("cannot join the Ray cluster at 192.0.2.2:6390: it refused this master (")
     assert "InvalidAuthToken: Authentication token is missing or incorrect)" in text
     assert "RAY_AUTH_MODE=token" in text and "--address auto" in text
-    assert repr(err.value) == text  # as `gosched master` prints it: "error: {exc}"
+    assert stop_reason(err.value) == f"the scheduler stopped: {text}"  # its own words, no type
 
 
 def test_describe_error_follows_the_causes_and_cuts_traceback_text() -> None:
