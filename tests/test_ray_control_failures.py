@@ -12,7 +12,6 @@ ray = pytest.importorskip("ray")
 
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-from gosched.api.server import serve  # noqa: E402
 from gosched.api.service import Unavailable  # noqa: E402
 from gosched.common.config import Settings  # noqa: E402
 from gosched.runtime import ray_cluster, ray_control  # noqa: E402
@@ -21,6 +20,7 @@ from gosched.runtime.ray_control import RayControl  # noqa: E402
 from gosched.runtime.simulation import sim_nodes  # noqa: E402
 from tests.builders import make_job  # noqa: E402
 from tests.test_api_unavailable import readyz  # noqa: E402
+from tests.test_ray_cluster_lost import master  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -152,15 +152,7 @@ def test_an_idle_shard_learns_when_a_parked_job_is_due(tmp_path: Path) -> None:
 # -- a component that stops answering, and comes back ------------------------------------------
 def test_a_restarting_binder_makes_the_master_not_ready_until_it_answers_again(tmp_path: Path) -> None:
     # /readyz said 200 all along, while every call failed.
-    handle = serve(
-        settings(tmp_path),
-        sim_nodes(4),
-        grpc_port=0,
-        http_port=0,
-        host="127.0.0.1",
-        runtime="ray",
-        wait_ready=True,
-    )
+    handle = master(tmp_path)  # the same two-shard master on Ray
     try:
         service = handle.service
         control = service.control
