@@ -4,6 +4,9 @@ Whenever the stream breaks or the master cannot be reached, the link registers a
 (0.2 s doubling to 5 s); tasks keep running meanwhile. Each registration starts a session: its
 first message is a heartbeat, then whatever waits in the outbox, stamped with the session's ids.
 
+A registration refused with UNAUTHENTICATED (a secured master, and no or the wrong agent token)
+is said at once and again every AUTH_RESAY_S while the link keeps trying.
+
 A registration refused with ALREADY_EXISTS means another live agent holds the node's name. A
 link that never had a session gives up at once; one that had tries for NAME_TAKEN_GIVE_UP_S first
 (the master may not have seen its own last stream end yet). Giving up ends run() and calls
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gosched.agent.outbox import Outbox
+from gosched.api.channel import ChannelSecurity, open_channel
 from gosched.common.node import AGENT_MAX_BACKOFF_S
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc
 
@@ -31,6 +35,7 @@ TAKE_WAIT_S = 0.2  # how often a stream's sender looks whether its session has c
 # How long a link that had a session keeps trying when told its name is taken: longer than the
 # master waits (3 heartbeats) before it counts a silent stream as no longer holding the name.
 NAME_TAKEN_GIVE_UP_S = 5.0
+AUTH_RESAY_S = 60.0  # how often a link whose token the master refuses says so again
 # Pings find a master that vanished without closing the connection. Servers refuse pings more
 # often than every 5 minutes by default while they send nothing (GOAWAY "too_many_pings").
 # Pings find a master that vanished without closing the connection within ~15 s; the master's
@@ -62,10 +67,13 @@ class MasterLink:
         echo: Callable[[str], None],
         on_refused: Callable[[str], None] | None = None,
         name_taken_give_up_s: float = NAME_TAKEN_GIVE_UP_S,
+        security: ChannelSecurity | None = None,
     ) -> None:
         """`registered` reconciles after each registration and returns the session's first heartbeat;
-        `on_refused` is told why when the link gives up because another agent holds the node."""
+        `on_refused` is told why when the link gives up because another agent holds the node;
+        `security`: TLS and the agent token for a secured master (None: plaintext)."""
         self.master = master
+        self.security = security
         self._register_request = register_request
         self._registered = registered
         self._on_message = on_message
@@ -106,10 +114,10 @@ class MasterLink:
 
     def run(self) -> None:
         backoff = BACKOFF_FIRST_S
-        unreachable_said = False
+        said: tuple[str, float] | None = None  # the last registration failure told, and when
         taken_since: float | None = None  # when the master first said the name is taken
         while not self._stop.is_set():
-            channel = grpc.insecure_channel(self.master, options=CHANNEL_OPTIONS)
+            channel = open_channel(self.master, self.security, CHANNEL_OPTIONS)
             with self._lock:
                 self._channel = channel
             if self._stop.is_set():  # close() came before the channel was there to close
@@ -126,11 +134,10 @@ class MasterLink:
                         taken_since = self._name_taken(exc, taken_since)
                         if taken_since is None:
                             return
-                    elif not unreachable_said:
-                        self.echo(f"cannot register with the master at {self.master}: {_why(exc)}; retrying")
-                        unreachable_said = True
+                    else:
+                        said = self._register_failed(exc, said)
                 else:
-                    unreachable_said = False
+                    said = None
                     taken_since = None
                     started = time.monotonic()
                     try:
@@ -149,6 +156,27 @@ class MasterLink:
                 channel.close()
             self._stop.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _register_failed(
+        self, exc: grpc.RpcError, said: tuple[str, float] | None
+    ) -> tuple[str, float] | None:
+        """Tell why a registration failed, once per kind of failure; a refused token again every
+        AUTH_RESAY_S, since the link goes on trying (the master's tokens may be rotated to it).
+        Returns what was last told, and when."""
+        now = time.monotonic()
+        if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            kind = "token"
+            text = (
+                f"the master at {self.master} refused this agent's token ({exc.details()}); "
+                "check --token-file against the master's agent_token_file; retrying"
+            )
+        else:
+            kind = "unreachable"
+            text = f"cannot register with the master at {self.master}: {_why(exc)}; retrying"
+        if said is not None and said[0] == kind and (kind != "token" or now - said[1] < AUTH_RESAY_S):
+            return said
+        self.echo(text)
+        return kind, now
 
     def _name_taken(self, exc: grpc.Call, since: float | None) -> float | None:
         """Another agent holds the node's name: when the master first said so, or None once this

@@ -33,6 +33,7 @@ from gosched.agent.outbox import Outbox, task_of
 from gosched.agent.state import StateFile
 from gosched.agent.tasks import TaskTable
 from gosched.agent.usage import UsageSampler
+from gosched.api.channel import ChannelSecurity
 from gosched.api.convert import node_from_proto, node_to_proto
 from gosched.common.node import RUNTIME_LABEL, Node, Taint
 from gosched.proto.v1 import agent_pb2
@@ -87,13 +88,15 @@ class AgentRunner:
         name_taken_give_up_s: float = NAME_TAKEN_GIVE_UP_S,
         echo: Callable[[str], None] | None = None,
         nvml: Any = AUTO,
+        security: ChannelSecurity | None = None,
     ) -> None:
         """`cpu_milli` / `memory` advertise less than the machine has; `container_runtime` is the
         docker/podman program for tasks with an image (AUTO: look on PATH, None: none), probed
         again every `runtime_probe_s` seconds (0: only at start); `nvml` an initialised
         pynvml-like module (AUTO: load pynvml, None: a CPU-only node). If the master says another
         agent holds the node's name, run() stops and raises NodeNameTaken (once registered, only
-        after `name_taken_give_up_s` of such answers: see agent/link.py)."""
+        after `name_taken_give_up_s` of such answers: see agent/link.py). `security`: TLS and the
+        agent token for a secured master (gosched.api.channel; None: plaintext)."""
         self.master = master
         self.name = name or socket.gethostname()
         self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir(self.name)
@@ -138,6 +141,7 @@ class AgentRunner:
             self.echo,
             on_refused=self._on_refused,
             name_taken_give_up_s=name_taken_give_up_s,
+            security=security,
         )
         self._next_heartbeat = 0.0
         self._heartbeat_s = 1.0

@@ -24,6 +24,7 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from gosched.api import convert
+from gosched.api.channel import ChannelSecurity, open_channel
 from gosched.api.convert import JobInfo, NodeInfo
 from gosched.api.errors import (
     AlreadyExists,
@@ -34,6 +35,7 @@ from gosched.api.errors import (
     MessageTooLarge,
     NotFound,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
     from_rpc_error,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "NotFound",
     "QueueInfo",
     "ResourceExhausted",
+    "Unauthenticated",
     "Unavailable",
 ]
 
@@ -79,7 +82,14 @@ class QueueInfo:
 
 
 class Client:
-    """A connection to the scheduler's gRPC API. `timeout`: seconds per unary call (None: none)."""
+    """A connection to the scheduler's gRPC API. `timeout`: seconds per unary call (None: none).
+
+    A secured master (see README, "Securing the API"): `tls_ca`, the PEM file of the CA that signed
+    its certificate (TLS; a client certificate alone also turns TLS on, checking the master against
+    the system's roots); `tls_cert` and `tls_key`, this client's certificate and key (mutual TLS);
+    `token`, or `token_file` (its first line), the API token sent as `authorization: Bearer`.
+    An unusable file or option raises SecretFileError (a ValueError) naming the parameter.
+    """
 
     def __init__(
         self,
@@ -87,13 +97,23 @@ class Client:
         *,
         timeout: float | None = 30.0,
         channel: grpc.Channel | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self._own_channel = channel is None
-        self.channel = (
-            channel if channel is not None else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        )
+        if channel is None:
+            security = ChannelSecurity.from_files(
+                tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token, token_file=token_file
+            )
+            channel = open_channel(target, security, CHANNEL_OPTIONS)
+        elif any(v is not None for v in (tls_ca, tls_cert, tls_key, token, token_file)):
+            raise ValueError("channel: a channel of one's own carries its own TLS and tokens")
+        self.channel = channel
         self._jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
 

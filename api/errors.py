@@ -71,6 +71,12 @@ class SchedulerUnavailable(Unavailable):
     """The master answered, but its scheduler cannot serve now (the message says why)."""
 
 
+class Unauthenticated(GoschedError):
+    """The master wants a token this call did not carry, or not this one (the message says which)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class DeadlineExceeded(GoschedError, TimeoutError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
@@ -84,6 +90,7 @@ _BY_CODE: dict[Any, type[GoschedError]] = {
         ResourceExhausted,
         FailedPrecondition,
         Unavailable,
+        Unauthenticated,
         DeadlineExceeded,
     )
 }

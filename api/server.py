@@ -9,6 +9,10 @@ The handlers and their error mapping are in gosched.api.servicers, /metrics in g
 the HTTP endpoint in gosched.api.http. The AgentService (gosched.api.agents) is served on the same
 port: node agents register there and hold their stream.
 
+With the settings' tls_cert/tls_key the gRPC port serves TLS (mutual with tls_client_ca:
+gosched.api.tls); with api_token_file/agent_token_file the calls need a bearer token
+(gosched.api.auth). Health stays open; the HTTP endpoint is not covered by either.
+
 `serve` binds its ports without SO_REUSEPORT and holds `<store>.lock` (flock) until stop, so a
 second master on the same port or store fails at start (PortUnavailable naming the port, or
 StoreBusy). The ports are bound before anything is made on disk; a start that fails after that
@@ -34,6 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gosched.api.agents import AgentGateway
+from gosched.api.auth import token_interceptor
 from gosched.api.http import http_handler
 from gosched.api.logs import LogStore
 from gosched.api.metrics import SchedulerMetrics
@@ -41,6 +46,7 @@ from gosched.api.service import (
     SchedulerService,
 )
 from gosched.api.servicers import ClusterServicer, JobServicer
+from gosched.api.tls import server_credentials
 from gosched.common.config import Settings
 from gosched.common.node import Node
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
@@ -239,13 +245,20 @@ def _bind_error(host: str, port: int) -> OSError | None:
     return next((e for e in errors if e.errno == errno.EADDRINUSE), errors[-1] if errors else None)
 
 
-def _listen(server: grpc.Server, host: str, port: int) -> int:
-    """Bind the gRPC port; PortUnavailable naming it if it is taken (gRPC itself raises RuntimeError)."""
+def _listen(
+    server: grpc.Server, host: str, port: int, credentials: grpc.ServerCredentials | None = None
+) -> int:
+    """Bind the gRPC port (TLS with `credentials`); PortUnavailable naming it if it is taken (gRPC
+    itself raises RuntimeError)."""
     refused = _bind_error(host, port)
     if refused is not None:
         raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {_why(refused)}")
+    address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {PORT_TAKEN}") from exc
     if bound == 0:  # older gRPC releases return 0 rather than raise
@@ -346,6 +359,9 @@ def serve(
     `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
     the store). With `sim_task_seconds`, tasks on nodes without an agent run that long and succeed.
     """
+    # TLS and tokens first (SecretFileError naming the setting): nothing is bound or made yet.
+    credentials = server_credentials(settings)
+    auth = token_interceptor(settings)
     db_path = absolute_store(store_path or settings.store_path)
     make = control_factory(settings, nodes, runtime=runtime, store_path=db_path, ray_address=ray_address)
     service = SchedulerService(make, queues=settings.queues, store_path=db_path)
@@ -358,6 +374,7 @@ def serve(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gosched-grpc"),
         options=SERVER_OPTIONS,
+        interceptors=[auth] if auth is not None else None,
     )
     http_server: ThreadingHTTPServer | None = None
     store_lock: IO[str] | None = None
@@ -367,7 +384,7 @@ def serve(
     try:
         # The ports first: a port taken (the commonest failure at start) then leaves nothing made on
         # disk. They are not served before start() below.
-        bound_grpc = _listen(server, host, grpc_port)
+        bound_grpc = _listen(server, host, grpc_port, credentials)
         if http_port is not None:
             try:
                 http_server = ThreadingHTTPServer((http_host, http_port), http_handler(service, metrics))

@@ -1,5 +1,6 @@
 """`gosched agent`: the node agent, which registers this machine with the master and runs the tasks
-bound to it."""
+bound to it. A secured master: --tls-ca, --tls-cert/--tls-key (mutual TLS), --token-file (the agent
+token); flags only, no env (GOSCHED_TOKEN is a client's API token)."""
 
 import signal
 from collections.abc import Callable
@@ -9,10 +10,12 @@ from typing import Annotated
 import typer
 
 from gosched.agent.containers import RUNTIME_PROBE_S
+from gosched.api.channel import ChannelSecurity
 from gosched.cli.exits import ExitCode
-from gosched.cli.flags import FlagError, check_seconds, refuse
+from gosched.cli.flags import FlagError, check_seconds, refuse, security_flag_error
 from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Taint, TaintEffect
 from gosched.common.quantity import parse_bytes, parse_milli
+from gosched.common.secret_files import SecretFileError
 
 # Labels the agent or the master set on an agent's node themselves: an operator's value would be
 # overridden (AGENT_LABEL, by the master) or would claim a container runtime the probe did not find.
@@ -113,6 +116,20 @@ def register(app: typer.Typer) -> None:
                 help="Seconds between checks that docker/podman still works (0: only at start).",
             ),
         ] = RUNTIME_PROBE_S,
+        tls_ca: Annotated[
+            str | None,
+            typer.Option("--tls-ca", help="PEM file of the CA that signed the master's certificate: TLS."),
+        ] = None,
+        tls_cert: Annotated[
+            str | None, typer.Option("--tls-cert", help="This agent's PEM certificate, for mutual TLS.")
+        ] = None,
+        tls_key: Annotated[
+            str | None, typer.Option("--tls-key", help="The PEM key of --tls-cert (unencrypted).")
+        ] = None,
+        token_file: Annotated[
+            str | None,
+            typer.Option("--token-file", help="File holding the agent token (its first line)."),
+        ] = None,
     ) -> None:
         """Run the node agent: register this machine with the master and run the tasks bound to it."""
         # Every flag is checked before the agent probes the machine or reaches for the master.
@@ -130,6 +147,12 @@ def register(app: typer.Typer) -> None:
                 node_taints = parse_taints(taints)
             except ValueError as exc:
                 raise FlagError("--taints", str(exc)) from None
+            try:
+                security = ChannelSecurity.from_files(
+                    tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token_file=token_file
+                )
+            except SecretFileError as exc:
+                raise security_flag_error(exc) from None
         except FlagError as exc:
             refuse(exc)
 
@@ -147,6 +170,7 @@ def register(app: typer.Typer) -> None:
                 runtime_probe_s=runtime_probe,
                 shutdown_grace_s=grace,
                 echo=typer.echo,
+                security=security,
             )
         except ValueError as exc:  # SpecError: the node as a whole (e.g. a label the master refuses)
             typer.echo(f"error: {exc}", err=True)

@@ -1,11 +1,13 @@
 """The commands that talk to a running master through the Python Client: submit, jobs, get,
 describe, cancel, logs, explain, nodes, queues, status, cordon, drain.
 
-Every command takes `--master HOST:PORT` (env GOSCHED_MASTER, default localhost:9090); the
-listing ones take `-o table|wide|json|yaml`. Exit codes are in gosched.cli.exits.
+Every command takes `--master HOST:PORT` (env GOSCHED_MASTER, default localhost:9090) and, for a
+secured master, `--tls-ca`, `--tls-cert`, `--tls-key` and `--token-file` (or env GOSCHED_TOKEN);
+the listing ones take `-o table|wide|json|yaml`. Exit codes are in gosched.cli.exits.
 """
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Annotated
@@ -16,10 +18,12 @@ from gosched.api.client import Client, DeadlineExceeded, InvalidArgument
 from gosched.api.convert import JobInfo
 from gosched.cli import output as out
 from gosched.cli.exits import CliError, ExitCode, reported
+from gosched.cli.flags import security_flag_error
 from gosched.cli.output import Format
 from gosched.cli.progress import Progress
 from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
 from gosched.common.node import NodeState
+from gosched.common.secret_files import SecretFileError
 from gosched.common.states import JobState
 
 DEFAULT_MASTER = "localhost:9090"
@@ -30,6 +34,34 @@ MasterOpt = Annotated[
     str,
     typer.Option("--master", envvar="GOSCHED_MASTER", help="The master's gRPC address, HOST:PORT."),
 ]
+# A secured master (README, "Securing the API"). The client certificate's env names are not
+# GOSCHED_TLS_CERT/KEY: those are the master's own settings, read by a master started from the same shell.
+TlsCaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-ca",
+        envvar="GOSCHED_TLS_CA",
+        help="PEM file of the CA that signed the master's certificate: TLS.",
+    ),
+]
+TlsCertOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-cert", envvar="GOSCHED_CLIENT_CERT", help="This client's PEM certificate, for mutual TLS."
+    ),
+]
+TlsKeyOpt = Annotated[
+    str | None,
+    typer.Option("--tls-key", envvar="GOSCHED_CLIENT_KEY", help="The PEM key of --tls-cert (unencrypted)."),
+]
+TokenFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token-file",
+        envvar="GOSCHED_TOKEN_FILE",
+        help="File holding the API token (its first line). Or the token itself in env GOSCHED_TOKEN.",
+    ),
+]
 OutputOpt = Annotated[
     Format, typer.Option("--output", "-o", case_sensitive=False, help="table, wide, json or yaml.")
 ]
@@ -38,10 +70,33 @@ NodeArg = Annotated[str, typer.Argument(help="The node's name.", show_default=Fa
 
 
 @contextlib.contextmanager
-def _client(master: str, *, submitting: bool = False) -> Iterator[Client]:
-    """A Client for the command body; its errors become a message and an exit code."""
-    with reported(master, submitting=submitting), Client(master, timeout=CALL_TIMEOUT_S) as client:
-        yield client
+def _client(
+    master: str,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    token_file: str | None,
+    *,
+    submitting: bool = False,
+) -> Iterator[Client]:
+    """A Client for the command body; its errors become a message and an exit code. The token:
+    --token-file's (or GOSCHED_TOKEN_FILE's), else GOSCHED_TOKEN's."""
+    token = (os.environ.get("GOSCHED_TOKEN") or None) if token_file is None else None
+    with reported(master, submitting=submitting):
+        try:
+            client = Client(
+                master,
+                timeout=CALL_TIMEOUT_S,
+                tls_ca=tls_ca,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                token=token,
+                token_file=token_file,
+            )
+        except SecretFileError as exc:
+            raise CliError(str(security_flag_error(exc))) from None
+        with client:
+            yield client
 
 
 # == jobs ==========================================================================================
@@ -86,6 +141,10 @@ def submit(
         float | None, typer.Option(min=0, help="With --wait: give up after this many seconds (exit 1).")
     ] = None,
     master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
     command: Annotated[
         list[str] | None,
         typer.Argument(help="The command to run, after --, word by word.", show_default=False),
@@ -109,7 +168,7 @@ def submit(
         min_member=min_member,
         submission_id=submission_id,
     )
-    with _client(master, submitting=True) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file, submitting=True) as client:
         spec = build_spec(file, flags, sys.stdin)
         try:
             job_id = client.submit(spec)
@@ -160,9 +219,13 @@ def jobs(
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many (default: all).")] = None,
     output: OutputOpt = Format.TABLE,
     master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """List jobs in submission order (every page, or --limit)."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         found = client.list(
             state=state, queue=queue, tenant=tenant, page_size=min(limit or PAGE_SIZE, PAGE_SIZE), limit=limit
         )
@@ -173,16 +236,32 @@ def jobs(
     )
 
 
-def get(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def get(
+    job: JobArg,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """Show one job and its tasks with their restarts, nodes and GPUs."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         info = client.get(job)
     out.emit(output, lambda: out.job_data(info, tasks=True), lambda: out.job_view(info))
 
 
-def describe(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def describe(
+    job: JobArg,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """Show everything about a job: its spec, its tasks, and why it is where it is."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         info = client.get(job)
         why = client.explain(job)
     out.emit(
@@ -192,9 +271,17 @@ def describe(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = 
     )
 
 
-def cancel(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def cancel(
+    job: JobArg,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """Cancel a job's unfinished tasks (exit 1 if it has already finished)."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         info = client.cancel(job)
     out.emit(
         output,
@@ -203,9 +290,17 @@ def cancel(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DE
     )
 
 
-def explain(job: JobArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def explain(
+    job: JobArg,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """Why a job is where it is, e.g. per filter how many nodes ruled it out."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         why = client.explain(job)
     out.emit(output, lambda: {"id": job, "explanation": why}, lambda: why)
 
@@ -218,10 +313,14 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing new output until the task ends.")
     ] = False,
     master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Print a task's output as the master keeps it, byte for byte."""
     sink = typer.get_binary_stream("stdout")
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         wrote = False
         try:
             for data in client.logs(job, task, stream="stderr" if stderr else "stdout", follow=follow):
@@ -246,9 +345,13 @@ def nodes(
     ] = None,
     output: OutputOpt = Format.TABLE,
     master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """List nodes with their CPU, memory and GPUs used/total; -o wide adds labels, taints, GPUs."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         found = client.nodes(state)
     out.emit(
         output,
@@ -262,16 +365,28 @@ def cordon(
     undo: Annotated[bool, typer.Option("--undo", help="Uncordon: place new tasks there again.")] = False,
     output: OutputOpt = Format.TABLE,
     master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Stop placing new tasks on a node (its tasks stay); --undo resumes."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         info = client.cordon(node, uncordon=undo)
     out.emit(output, lambda: out.node_data(info), lambda: out.node_line(info))
 
 
-def drain(node: NodeArg, output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def drain(
+    node: NodeArg,
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """Mark a node draining: no new tasks; its tasks stay until they end."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         info = client.drain(node)
     out.emit(output, lambda: out.node_data(info), lambda: out.node_line(info))
 
@@ -282,24 +397,42 @@ def delete_node(
         bool, typer.Option("--force", help="Also when tasks run there: they are queued again.")
     ] = False,
     master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Remove a node whose machine is gone for good (its agent stopped)."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         requeued = client.delete_node(node, force=force)
     more = f"; {len(requeued)} task(s) queued again" if requeued else ""
     typer.echo(f"node {node} deleted{more}")
 
 
-def queues(output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def queues(
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """List queues with their policy, guarantee, cap and current share."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         found = client.queues()
     out.emit(output, lambda: [out.queue_data(q) for q in found], lambda: out.queues_view(found))
 
 
-def status(output: OutputOpt = Format.TABLE, master: MasterOpt = DEFAULT_MASTER) -> None:
+def status(
+    output: OutputOpt = Format.TABLE,
+    master: MasterOpt = DEFAULT_MASTER,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
     """The scheduler's status: readiness, capacity in use, job counts."""
-    with _client(master) as client:
+    with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         found = client.status()
     out.emit(output, lambda: found, lambda: out.status_view(found))
 

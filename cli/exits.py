@@ -25,6 +25,7 @@ from gosched.api.errors import (
     NotFound,
     ResourceExhausted,
     SchedulerUnavailable,
+    Unauthenticated,
     Unavailable,
 )
 from gosched.common.errors import SpecError
@@ -89,7 +90,8 @@ def error_message(exc: BaseException, master: str, *, submitting: bool = False) 
         if "not ready" in exc.message:  # a master without the marker: it answered, it is starting
             return f"the master at {master} is not ready: {exc.message}"
         return (
-            f"cannot reach the master at {master} (is it running? check --master or GOSCHED_MASTER)\n"
+            f"cannot reach the master at {master} (is it running? check --master or GOSCHED_MASTER, "
+            "and --tls-ca if it serves TLS)\n"
             f"  {exc.message or 'unavailable'}"
         )
     if isinstance(exc, DeadlineExceeded):
@@ -98,6 +100,11 @@ def error_message(exc: BaseException, master: str, *, submitting: bool = False) 
         if submitting:
             hint += ", or submit with --submission-id, which makes a retry return the first job"
         return f"the master at {master} did not answer in time: {exc.message}\n{hint}"
+    if isinstance(exc, Unauthenticated):
+        return (
+            f"the master at {master} refused the call: {exc.message}\n"
+            "  give its API token with --token-file, GOSCHED_TOKEN_FILE or GOSCHED_TOKEN"
+        )
     if isinstance(exc, MessageTooLarge):
         return f"the request or its answer is too large for one gRPC message: {exc.message}"
     if isinstance(exc, ResourceExhausted):

@@ -2,10 +2,21 @@
 and before the command starts anything (the same convention as cli/main.py's bench and replay)."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 import typer
+
+from gosched.common.secret_files import SecretFileError
+
+# The client options of gosched.api.channel (and Client) as the commands spell them.
+SECURITY_FLAGS = {
+    "tls_ca": "--tls-ca",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "token_file": "--token-file",
+    "token": "GOSCHED_TOKEN",
+}
 
 
 class FlagError(ValueError):
@@ -47,3 +58,8 @@ def choose(flag: str, text: str, known: Sequence[str], what: str) -> list[str]:
         found = f"unknown {what} {', '.join(unknown)}" if unknown else f"no {what} in {text!r}"
         raise FlagError(flag, f"{found} (known: {', '.join(known)}, or all)")
     return names
+
+
+def security_flag_error(exc: SecretFileError, flags: Mapping[str, str] = SECURITY_FLAGS) -> FlagError:
+    """A TLS or token option's error (named as gosched.api.channel names it) as the flag's."""
+    return FlagError(flags.get(exc.what, exc.what), exc.reason)

@@ -25,12 +25,31 @@ from pydantic import ValidationError
 from gosched.cli.exits import ExitCode
 from gosched.cli.flags import check_count, check_seconds, refuse
 from gosched.common.config import Settings, load_settings, unknown_key_hints
+from gosched.common.secret_files import SecretFileError
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
 ShardsOpt = Annotated[int | None, typer.Option(help="Scheduler shards (Ray actors).")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="SQLite store path.")]
 GrpcOpt = Annotated[int | None, typer.Option("--grpc-port", help="gRPC port (API and agents).")]
 HttpOpt = Annotated[int | None, typer.Option("--http-port", help="HTTP port (/healthz /readyz /metrics).")]
+TlsCertOpt = Annotated[
+    str | None, typer.Option("--tls-cert", help="Serve gRPC over TLS: the PEM certificate (chain).")
+]
+TlsKeyOpt = Annotated[str | None, typer.Option("--tls-key", help="The PEM key of --tls-cert (unencrypted).")]
+TlsClientCaOpt = Annotated[
+    str | None,
+    typer.Option("--tls-client-ca", help="Mutual TLS: clients and agents need a certificate this CA signed."),
+]
+ApiTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-token-file", help="Jobs and cluster calls need one of this file's tokens (one a line)."
+    ),
+]
+AgentTokenOpt = Annotated[
+    str | None,
+    typer.Option("--agent-token-file", help="Agents need one of this file's tokens (one a line)."),
+]
 SimNodesOpt = Annotated[int, typer.Option("--sim-nodes", help="Simulated nodes to add.")]
 SimSecondsOpt = Annotated[
     float, typer.Option("--sim-task-seconds", help="How long a task on a simulated node runs.")
@@ -154,6 +173,9 @@ def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -
             node_timeout_s=settings.node_timeout_s,
             wait_ready=True,
         )
+    except SecretFileError as exc:  # a certificate or token file gone bad since the settings were read
+        typer.echo(f"error: cannot start the master: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from exc
     except PortUnavailable as exc:
         typer.echo(
             f"error: cannot start the master: {exc}; choose another with {PORT_FLAGS[exc.kind]}", err=True
@@ -195,6 +217,11 @@ def master(
     ] = False,
     sim_nodes: SimNodesOpt = 0,
     sim_task_seconds: SimSecondsOpt = 5.0,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    tls_client_ca: TlsClientCaOpt = None,
+    api_token_file: ApiTokenOpt = None,
+    agent_token_file: AgentTokenOpt = None,
 ) -> None:
     """Run the scheduler (dispatcher, binder, shards as Ray actors) and serve its API.
 
@@ -210,6 +237,11 @@ def master(
         http_port=http_port,
         ray_address=address,
         runtime="local" if in_process else None,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
+        api_token_file=api_token_file,
+        agent_token_file=agent_token_file,
     )
     new_store = missing_store(settings.store_path)  # before _start creates it
     handle = _start(settings, sim_nodes, sim_task_seconds if sim_nodes else None)
@@ -263,6 +295,11 @@ def up(
         http_port=http_port,
         runtime="ray",
     )
+    if settings.tls_cert is not None:
+        # Its own agent and client reach it at 127.0.0.1 and hold no CA or client certificate.
+        refuse(
+            ValueError("tls_cert: gosched up serves plaintext on this machine; serve TLS with gosched master")
+        )
     new_store = missing_store(settings.store_path)  # before _start creates it
     started = time.monotonic()
     typer.echo(f"starting Ray and the master ({settings.shards} shards) ...")
@@ -282,13 +319,14 @@ def up(
             me,
             "--work-dir",
             str(root / "agent"),
+            *(["--token-file", settings.agent_token_file] if settings.agent_token_file else []),
         ],
         stdout=subprocess.DEVNULL if detach_after_demo else None,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # Ctrl-C reaches us; we stop the agent ourselves
     )
     try:
-        with Client(target, timeout=30) as client:
+        with Client(target, timeout=30, token_file=settings.api_token_file) as client:
             _show_working(client, me, started)
             if not detach_after_demo:
                 typer.echo(

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gosched.common.secret_files import check_key_pair, read_certificates, read_tokens
 
 # Queue, tenant and role names: lower-case DNS-label-like words.
 log = logging.getLogger(__name__)
@@ -162,6 +164,16 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
     # An agent silent this long loses its node: not ready, its tasks queued again.
     node_timeout_s: float = Field(default=10.0, gt=0.0)
+    # Securing the gRPC API (none set: plaintext, no tokens). TLS: the server's PEM certificate
+    # (chain) and key, both or neither; with tls_client_ca, mutual TLS: clients and agents must
+    # present a certificate signed by it. Token files hold one token a line (several, to rotate):
+    # api_token_file guards JobService, ClusterService and reflection, agent_token_file the
+    # AgentService; health stays open for probes.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    api_token_file: str | None = None
+    agent_token_file: str | None = None
 
     @field_validator("queues")
     @classmethod
@@ -198,6 +210,32 @@ class Settings(BaseSettings):
                 f"node_timeout_s ({self.node_timeout_s}) must be at least twice heartbeat_interval_s "
                 f"({self.heartbeat_interval_s}), or one late heartbeat loses a node"
             )
+        return self
+
+    @field_validator("api_token_file", "agent_token_file")
+    @classmethod
+    def _token_file_readable(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None:
+            read_tokens(v, str(info.field_name))
+        return v
+
+    @field_validator("tls_client_ca")
+    @classmethod
+    def _client_ca_readable(cls, v: str | None) -> str | None:
+        if v is not None:
+            read_certificates(v, "tls_client_ca")
+        return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "Settings":
+        # Checked here, not by gRPC: a bad certificate there fails as a port it cannot bind.
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            raise ValueError(f"{missing}: must be set with {given} (TLS needs both, plaintext neither)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca: needs tls_cert and tls_key (mutual TLS is TLS)")
+        if self.tls_cert is not None and self.tls_key is not None:
+            check_key_pair(self.tls_cert, self.tls_key, "tls_cert", "tls_key")
         return self
 
     def queue(self, name: str) -> QueueConfig:
@@ -292,13 +330,19 @@ def _env_has_settings() -> bool:
     return any(k.startswith("GOSCHED_") and k != "GOSCHED_CONFIG" for k in os.environ)
 
 
-# GOSCHED_* names that are not settings: the config file, the client's master, the trace folder,
-# what the agent tells a task about itself, and the test suite's depth of property runs.
+# GOSCHED_* names that are not settings: the config file, the client's master and credentials,
+# the trace folder, what the agent tells a task about itself, and the test suite's depth of
+# property runs.
 OTHER_ENV = frozenset(
     {
         "CONFIG",
         "DEBUG",  # tracebacks of the master's start-up failures
         "MASTER",
+        "TLS_CA",
+        "CLIENT_CERT",
+        "CLIENT_KEY",
+        "TOKEN",
+        "TOKEN_FILE",
         "TRACE_DIR",
         "JOB_ID",
         "TASK_ID",

@@ -109,10 +109,11 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 15.0) -> N
         time.sleep(0.05)
 
 
-def start_master(store: Path, node_timeout_s: float = TIMEOUT_S) -> ServerHandle:
-    """A master on loopback, in process, with a short node timeout, on the store at `store`."""
+def start_master(store: Path, node_timeout_s: float = TIMEOUT_S, **more: Any) -> ServerHandle:
+    """A master on loopback, in process, with a short node timeout, on the store at `store`;
+    `more`: other settings (TLS, token files)."""
     settings = Settings(
-        store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=node_timeout_s
+        store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=node_timeout_s, **more
     )
     return serve(
         settings,
@@ -358,10 +359,10 @@ def test_a_second_agent_cannot_take_a_live_agents_node(tmp_path: Path) -> None:
 GOSCHED = Path(sys.executable).parent / "gosched"
 
 
-def agent_program(target: str, name: str, work_dir: Path) -> subprocess.Popen[str]:
+def agent_program(target: str, name: str, work_dir: Path, *more: str) -> subprocess.Popen[str]:
     argv = [str(GOSCHED), "agent", "--master", target, "--name", name, "--work-dir", str(work_dir)]
     return subprocess.Popen(
-        [*argv, "--grace", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*argv, "--grace", "1", *more], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 

@@ -51,6 +51,9 @@ BAD: list[tuple[list[str], str]] = [
     (["agent", "--labels", "zone=a,gosched.io/container-runtime=docker"], "--labels"),
     (["agent", "--labels", "novalue"], "--labels"),
     (["agent", "--taints", "a=b:Sometimes"], "--taints"),
+    (["agent", "--token-file", "/nonexistent/agent.token"], "--token-file"),
+    (["agent", "--tls-ca", "/nonexistent/ca.crt"], "--tls-ca"),
+    (["agent", "--tls-cert", "/nonexistent/agent.crt"], "--tls-key"),  # a certificate needs its key
     (["master", "--in-process", "--sim-nodes", "-1"], "--sim-nodes"),
     (["master", "--in-process", "--sim-nodes", "2", "--sim-task-seconds", "nan"], "--sim-task-seconds"),
     (["master", "--in-process", "--sim-nodes", "2", "--sim-task-seconds", "-1"], "--sim-task-seconds"),

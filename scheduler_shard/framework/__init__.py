@@ -1,1 +1,2 @@
-"""The shard's plugin framework: Status, plugin protocols, the registry and profiles."""
+"""The shard's plugin framework: plugin protocols (masks and score arrays over node rows), the
+registry and profiles."""
