@@ -1,14 +1,23 @@
-"""`gosched bench --bodies`: the work of the single dispatcher and binder actors per task, without Ray.
+"""`gosched bench --bodies`: the actors' work per task, without Ray.
 
 With many shards, every task still passes through the one dispatcher (dispatched, then answered)
 and the one binder (checked, bound, written): their bodies bound the throughput however many
-shards run. This times those bodies as Ray runs them (`runtime.ray_actors.DispatcherCore` and
-`BinderCore`, messages packed and unpacked as through Ray) in one process, on SchedulingBasic
-single-task jobs, where a 2-core machine's process contention does not blur them:
+shards run. A shard plans only its share of the tasks, but applies every binding of the cluster
+to its view. This times those bodies as Ray runs them (`runtime.ray_actors.DispatcherCore`,
+`BinderCore` and a shard's round as `ShardCore` runs it, messages packed and unpacked as through
+Ray) in one process, on SchedulingBasic single-task jobs, where a 2-core machine's process
+contention does not blur them:
 
 - the dispatcher: `next_batch` then `report` with the binder's verdicts accepting every unit;
 - the binder: `commit` of the proposal batches a one-process pipeline made for the same jobs
-  (recorded first), over a store that holds the jobs, as the dispatcher's would.
+  (recorded first), over a store that holds the jobs, as the dispatcher's would;
+- a shard: `plan` (unpack the dispatcher's batch, schedule it, pack the proposals), `reply`
+  (unpack the binder's answer with its changes and apply it: the shard's own bindings) and
+  `others` (a second shard's view taking the same changes: what every shard pays for each task
+  another shard bound).
+
+With S shards on enough cores, a shard's time per task of the cluster is plan/S + reply/S +
+others * (S-1)/S; the throughput is bounded by the slowest of that, the dispatcher and the binder.
 """
 
 import gc
@@ -20,10 +29,11 @@ from typing import Any
 
 from gosched.common import wire
 from gosched.common.config import Settings
-from gosched.common.messages import AcceptedUnit, BindReply, ProposalBatch, UnitBatch
+from gosched.common.messages import AcceptedUnit, BindReply, Change, ProposalBatch, UnitBatch
 from gosched.runtime.pipeline import Pipeline
 from gosched.runtime.ray_actors import BinderCore, DispatcherCore
 from gosched.runtime.simulation import basic_jobs, sim_nodes
+from gosched.scheduler_shard.shard import SchedulerShard
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +49,11 @@ class BodyCost:
 
 def measure(tasks: int = 200_000, nodes: int = 10_000) -> list[BodyCost]:
     with tempfile.TemporaryDirectory(prefix="gosched-bodies-") as tmp:
-        return [*_dispatcher(tasks, nodes, Path(tmp)), *_binder(tasks, nodes, Path(tmp))]
+        return [
+            *_dispatcher(tasks, nodes, Path(tmp)),
+            *_binder(tasks, nodes, Path(tmp)),
+            *_shard(tasks, nodes, Path(tmp)),
+        ]
 
 
 def _dispatcher(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
@@ -121,7 +135,79 @@ def _binder(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
     return [BodyCost("binder", "commit", bound, seconds / bound * 1e6)]
 
 
+def _shard(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
+    """A shard's rounds between a real DispatcherCore and BinderCore on one store (untimed), as
+    ShardCore.run_once does them unpipelined, and a second shard's view taking the changes."""
+    settings = Settings(store_path=str(tmp / "shard.db"), shards=1)
+    dispatcher = DispatcherCore(settings)
+    binder = BinderCore(settings.store_path, _NoDispatcher())  # verdicts reach the dispatcher below
+    cluster = sim_nodes(nodes, gpu_every=0)
+    binder.add_nodes(cluster)
+    dispatcher.set_nodes(cluster, binder.cluster()[1])
+    dispatcher.submit_many(basic_jobs(tasks))
+    shard, other = SchedulerShard(0, settings.profile), SchedulerShard(1, settings.profile)
+    for view in (shard, other):
+        start = wire.unpack(binder.changes_since(0))
+        assert isinstance(start, tuple)
+        view.sync(*start)
+    gc.collect()
+    planning = replying = following = 0.0
+    bound = 0
+    while True:
+        _, data = dispatcher.next_batch(0)
+        if data is None:
+            break
+        t0 = time.perf_counter()
+        batch = wire.unpack(data)
+        assert isinstance(batch, UnitBatch)
+        planned = shard.schedule(batch)
+        planned.seen_version = shard.version
+        proposals = wire.pack(planned)
+        t1 = time.perf_counter()
+        _, verdicts, segments, version, resync = binder.commit(proposals)
+        t2 = time.perf_counter()
+        reply = wire.unpack(verdicts)
+        assert isinstance(reply, BindReply)
+        for segment in segments:
+            reply.changes.extend(wire.unpack(segment))  # type: ignore[arg-type]
+        reply.version, reply.resync = version, resync
+        shard.apply_reply(reply)
+        t3 = time.perf_counter()
+        taken: list[Change] = []
+        for segment in segments:
+            taken.extend(wire.unpack(segment))  # type: ignore[arg-type]
+        other.sync(taken, version, resync)
+        t4 = time.perf_counter()
+        planning += t1 - t0
+        replying += t3 - t2
+        following += t4 - t3
+        bound += sum(len(a.task_indexes) for a in reply.accepted)
+        dispatcher.report(verdicts, wire.pack(planned.unschedulable), dispatcher.binder_incarnation)
+    binder.store.close()
+    dispatcher.store.close()
+    if bound != tasks or other.state.task_row.keys() != shard.state.task_row.keys():
+        raise RuntimeError(f"the shard bound {bound} of {tasks} tasks, or its two views differ")
+    return [
+        BodyCost("shard", "plan", bound, planning / bound * 1e6),
+        BodyCost("shard", "reply", bound, replying / bound * 1e6),
+        BodyCost("shard", "others", bound, following / bound * 1e6),
+    ]
+
+
+def ceilings(costs: list[BodyCost], shard_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[int, float]:
+    """Tasks/s the bodies alone allow per shard count, each actor on a core of this machine's
+    speed: 1 / the slowest of the dispatcher, the binder and one shard (see the module docstring).
+    Ray's own cost per call and message is not in it: a bound, not a forecast."""
+    us = {(c.actor, c.step): c.us_per_task for c in costs}
+    dispatcher = us[("dispatcher", "next_batch")] + us[("dispatcher", "report")]
+    binder = us[("binder", "commit")]
+    own, others = us[("shard", "plan")] + us[("shard", "reply")], us[("shard", "others")]
+    return {s: 1e6 / max(dispatcher, binder, own / s + others * (s - 1) / s) for s in shard_counts}
+
+
 def table(costs: list[BodyCost]) -> str:
     lines = [f"{'actor':<11}{'step':<12}{'tasks':>9}{'us/task':>9}"]
     lines += [f"{c.actor:<11}{c.step:<12}{c.tasks:>9,}{c.us_per_task:>9.2f}" for c in costs]
+    bound = ", ".join(f"{s}: {t:,.0f}" for s, t in ceilings(costs).items())
+    lines.append(f"tasks/s the bodies allow by shard count, one core each, Ray left out: {bound}")
     return "\n".join(lines)

@@ -68,15 +68,16 @@ def bench(
         bool,
         typer.Option(
             "--bodies",
-            help="Time the dispatcher's and the binder's actor bodies per task without Ray "
-            "(--pods tasks on --nodes nodes): what bounds throughput with many shards.",
+            help="Time the actors' bodies per task without Ray (--pods tasks on --nodes nodes): "
+            "the dispatcher and the binder, which bound throughput with many shards, and a "
+            "shard's planning, its replies and the bindings of the others it takes.",
         ),
     ] = False,
 ) -> None:
     """Measure scheduling throughput, latency and conflicts per workload and shard count (or, with
     --ingest, how fast one gRPC client gets tasks accepted; with --memory, the control plane's
-    memory; with --messages, what the actors' messages cost per task; with --bodies, the single
-    actors' work per task)."""
+    memory; with --messages, what the actors' messages cost per task; with --bodies, the actors'
+    work per task)."""
     import sys
 
     from gosched.bench.in_process import profiles
@@ -199,13 +200,17 @@ def _bench_messages(out: Path) -> None:
 
 
 def _bench_bodies(tasks: int, nodes: int, out: Path) -> None:
-    from gosched.bench.actor_bodies import measure
+    from gosched.bench.actor_bodies import ceilings, measure
     from gosched.bench.actor_bodies import table as body_table
     from gosched.bench.report import write_result
 
     costs = measure(tasks, nodes)
     typer.echo(body_table(costs))
-    typer.echo(f"wrote {write_result(out, 'bodies.json', {'bodies': [c.as_dict() for c in costs]})}")
+    result: dict[str, object] = {
+        "bodies": [c.as_dict() for c in costs],
+        "ceiling_tasks_per_s": {str(s): t for s, t in ceilings(costs).items()},
+    }
+    typer.echo(f"wrote {write_result(out, 'bodies.json', result)}")
 
 
 def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:

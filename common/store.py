@@ -163,7 +163,18 @@ def _task_rows(c: sqlite3.Connection, columns: str, ids: Sequence[str]) -> Itera
 
 
 def gpus_to_text(gpus: Gpus) -> str:
-    return ",".join(f"{g}:{m}" for g, m in gpus)
+    text = _GPU_TEXT.get(gpus)
+    if text is None:
+        text = ",".join(f"{g}:{m}" for g, m in gpus)
+        if len(_GPU_TEXT) < _GPU_TEXT_MAX:
+            _GPU_TEXT[gpus] = text
+    return text
+
+
+# The text of GPU sets written lately: every binding writes one, and a cluster's tasks hold few
+# distinct sets (most none, the rest one or a few whole GPUs), so formatting each is waste.
+_GPU_TEXT: dict[Gpus, str] = {(): ""}
+_GPU_TEXT_MAX = 4096
 
 
 def gpus_from_text(text: str) -> Gpus:

@@ -1,11 +1,11 @@
 """The components as Ray actors: thin wrappers that call the very same classes as the Pipeline.
 
-    DispatcherActor(settings)            wraps Dispatcher; owns its own Store connection
-    BinderActor(store_path, dispatcher)  wraps Binder; owns the Store the bindings go to
-    ShardActor(shard_id, profile, dispatcher, binder)   wraps SchedulerShard and runs its loop
+    DispatcherCore(settings)             wraps Dispatcher; owns its own Store connection
+    BinderCore(store_path, dispatcher)   wraps Binder; owns the Store the bindings go to
+    ShardCore(shard_id, profile, dispatcher, binder)    wraps SchedulerShard and runs its loop
 
 Messages travel pickled (gosched.common.wire), one message per batch, never one per task. One
-shard round (ShardActor.run_once), with its shard planning while the others plan too:
+shard round (ShardCore.run_once), with its shard planning while the others plan too:
 
     shard --poll(shard_id)--> dispatcher              a UnitBatch for this shard (or when to ask again)
     shard --commit(ProposalBatch)--> binder           the binder serialises commits (one thread)
@@ -19,7 +19,7 @@ dispatcher, the shard and the binder work at the same time even with one shard.
 The binder itself reports each outcome to the dispatcher, so a reply is never lost with a shard
 that dies after its commit, and the dispatcher hears of a batch in the Pipeline's order (verdicts,
 then the unschedulable). Calls from one actor to another arrive in the order they were sent, so
-BinderActor.requeue_shard (a lost shard's units taken back) reaches the dispatcher after every
+BinderCore.requeue_shard (a lost shard's units taken back) reaches the dispatcher after every
 report the binder sent before it.
 
 Each of the binder and the dispatcher has an incarnation id, new at every (re)start and reload:

@@ -5,7 +5,7 @@
     rs.run_until_idle(timeout=60.0)                     # rounds of every shard, concurrently
     rs.job_state(job_id) / rs.task_states(job_id) / rs.stats() / rs.shutdown()
 
-Who drives: this driver keeps one ShardActor.run_once call in flight per shard and waits on them
+Who drives: this driver keeps one ShardCore.run_once call in flight per shard and waits on them
 with ray.wait, starting a shard's next round as soon as its last one is done. A round is a whole
 loop inside the shard actor (pull a UnitBatch from the dispatcher, plan it, commit the
 ProposalBatch to the binder, apply the reply), so the shards plan at the same time in their own

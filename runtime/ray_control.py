@@ -1,7 +1,7 @@
 """RayControl: the ControlPlane over the components as Ray actors (what `gosched master` runs).
 
 Scheduling runs as in RayScheduler.run_until_idle, but without end: `step()` keeps one round
-(ShardActor.run_once) in flight per shard, collects the rounds that finished within a few
+(ShardCore.run_once) in flight per shard, collects the rounds that finished within a few
 milliseconds, and handles a lost shard or a restarted binder/dispatcher the same way. A shard that
 found nothing to do is asked again after a delay that grows while it stays idle (2 ms to 1 s, and
 no later than the dispatcher's next retry of a parked job) and drops to zero as soon as work

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gosched.bench.actor_bodies import BodyCost, ceilings
 from gosched.bench.memory import measure_memory
 from gosched.bench.report import table, write
 from gosched.bench.runner import _Submitter, run_in_process, run_ray
@@ -119,7 +120,7 @@ def test_bench_messages_writes_its_json(tmp_path: Path) -> None:
     assert len(data["result"]["messages"]) == 4 and data["machine"]["cpus"] >= 1
 
 
-def test_the_actor_bodies_bench_counts_every_task_through_both_actors(tmp_path: Path) -> None:
+def test_the_actor_bodies_bench_counts_every_task_through_every_actor(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["bench", "--bodies", "--pods", "600", "--nodes", "20", "--out", str(tmp_path)]
     )
@@ -129,5 +130,23 @@ def test_the_actor_bodies_bench_counts_every_task_through_both_actors(tmp_path: 
         ("dispatcher", "next_batch"),
         ("dispatcher", "report"),
         ("binder", "commit"),
+        ("shard", "plan"),
+        ("shard", "reply"),
+        ("shard", "others"),
     ]
     assert all(b["tasks"] == 600 and b["us_per_task"] > 0 for b in bodies)
+
+
+def test_the_bodies_ceiling_is_the_slowest_actor_with_the_shards_work_split() -> None:
+    us = {
+        ("dispatcher", "next_batch"): 3.0,
+        ("dispatcher", "report"): 2.0,  # dispatcher: 5 us per task
+        ("binder", "commit"): 8.0,
+        ("shard", "plan"): 18.0,
+        ("shard", "reply"): 2.0,  # a shard's own tasks: 20 us each
+        ("shard", "others"): 4.0,  # every other shard's binding: 4 us
+    }
+    costs = [BodyCost(actor, step, 100, v) for (actor, step), v in us.items()]
+    got = ceilings(costs, (1, 2, 4, 8))
+    # 1 shard: 20 us; 2: 10 + 2 = 12; 4: 5 + 3 = 8 (ties the binder); 8: 2.5 + 3.5 = 6 < binder's 8
+    assert got == pytest.approx({1: 50_000, 2: 1e6 / 12, 4: 125_000, 8: 125_000})

@@ -9,15 +9,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # folder -> gosched sub-packages it must never import
 FORBIDDEN = {
-    "common": {"dispatcher", "scheduler_shard", "binder", "runtime", "bench", "cli", "api"},
+    "common": {"dispatcher", "scheduler_shard", "binder", "agent", "runtime", "bench", "cli", "api"},
     "scheduler_shard": {"binder", "dispatcher", "runtime", "api"},
     "binder": {"scheduler_shard", "dispatcher", "runtime", "api"},
     "dispatcher": {"scheduler_shard", "binder", "runtime", "api"},
     # The node agent talks to the master through gRPC only: no scheduler component in its process.
     "agent": {"dispatcher", "scheduler_shard", "binder", "runtime", "bench"},
 }
-# Of gosched.api, the agent may use the proto conversions alone (not the server, service or client).
-AGENT_API_ALLOWED = {"gosched.api.convert", "gosched.api.errors"}
+# Of gosched.api, the agent may use the proto conversions and the client side of a secured channel
+# (TLS, tokens) alone (not the server, service or client).
+AGENT_API_ALLOWED = {"gosched.api.convert", "gosched.api.errors", "gosched.api.channel"}
 
 
 def imported_components(path: Path) -> set[str]:
