@@ -18,6 +18,17 @@ class Where(enum.Enum):
     INFLIGHT = "in flight"  # one unit at a shard or the binder (at most one per job)
 
 
+# The members as module globals: reading one through its class costs ~80 ns on 3.11 (enum class
+# attribute lookup), several times per unit on the dispatcher's hot path.
+IDLE = Where.NONE
+QUEUED = Where.QUEUED
+PARKED = Where.PARKED
+DORMANT = Where.DORMANT
+INFLIGHT = Where.INFLIGHT
+PENDING = TaskState.PENDING
+ALL_OF_ONE: tuple[int, ...] = (0,)  # the pending indexes of a one-task job, its task pending
+
+
 class JobRecord:
     """Everything the dispatcher knows about one job. It is also the entry the queues hold."""
 
@@ -76,7 +87,7 @@ class JobRecord:
                 for g in groups
                 for _ in range(g.replicas)
             ]
-        self.where = Where.NONE
+        self.where = IDLE
         self.dispatches = 0  # units dispatched so far; the next unit's attempt number
         self.attempt = -1  # attempt number of the unit in flight (or last dispatched)
         self.failures = 0  # consecutive unschedulable results (drives the backoff)
@@ -118,9 +129,8 @@ class JobRecord:
     def pending_indexes(self) -> tuple[int, ...]:
         states = self.states
         if len(states) == 1:
-            return (0,) if states[0] is TaskState.PENDING else ()
-        pending = TaskState.PENDING
-        return tuple(i for i, s in enumerate(states) if s is pending)
+            return ALL_OF_ONE if states[0] is PENDING else ()
+        return tuple(i for i, s in enumerate(states) if s is PENDING)
 
     def indexes_in(self, state: TaskState) -> list[int]:
         return [i for i, s in enumerate(self.states) if s is state]

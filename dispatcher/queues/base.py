@@ -56,7 +56,7 @@ class PolicyQueue(Protocol[E]):
 class HeapQueue(Generic[E]):
     """A min-heap on `key(entry)` with lazy removal; subclasses define `key`."""
 
-    __slots__ = ("_heap", "_members", "_run", "_stale", "_token")
+    __slots__ = ("_head_item", "_heap", "_members", "_run", "_stale", "_token")
 
     def __init__(self) -> None:
         # items: (key, token, entry); the token is unique, so entries are never compared.
@@ -65,6 +65,9 @@ class HeapQueue(Generic[E]):
         self._members: dict[str, int] = {}  # job id -> token of its live item
         self._token = 0
         self._stale = 0
+        # The live head item _head found, until the queue changes: the dispatcher peeks, then pops
+        # the same entry, and the second look would only find it again.
+        self._head_item: tuple[Any, int, E] | None = None
 
     def key(self, entry: E) -> Any:
         raise NotImplementedError
@@ -74,6 +77,7 @@ class HeapQueue(Generic[E]):
         if self._members.get(entry.job_id) is not None:
             self._stale += 1
         self._members[entry.job_id] = self._token
+        self._head_item = None
         item = (self.key(entry), self._token, entry)
         run = self._run
         if not run or run[-1][0] <= item[0]:  # equal keys: the newer token sorts after
@@ -83,6 +87,8 @@ class HeapQueue(Generic[E]):
 
     def _head(self) -> tuple[Any, int, E] | None:
         """The next live item (stale ones at either head are dropped on the way), or None."""
+        if self._head_item is not None:
+            return self._head_item
         heap, run, members = self._heap, self._run, self._members
         while heap and members.get(heap[0][2].job_id) != heap[0][1]:
             heapq.heappop(heap)
@@ -91,21 +97,29 @@ class HeapQueue(Generic[E]):
             run.popleft()
             self._stale -= 1
         if heap and (not run or heap[0] < run[0]):  # unique tokens: the entries are never compared
-            return heap[0]
-        return run[0] if run else None
+            item = heap[0]
+        elif run:
+            item = run[0]
+        else:
+            return None
+        self._head_item = item
+        return item
 
     def peek(self) -> E | None:
         item = self._head()
         return None if item is None else item[2]
 
     def pop(self) -> E | None:
-        item = self._head()
+        item = self._head_item  # set by the peek that usually comes just before
         if item is None:
-            return None
+            item = self._head()
+            if item is None:
+                return None
         if self._run and self._run[0] is item:
             self._run.popleft()
         else:
             heapq.heappop(self._heap)
+        self._head_item = None
         entry = item[2]
         del self._members[entry.job_id]
         return entry
@@ -113,12 +127,14 @@ class HeapQueue(Generic[E]):
     def remove(self, job_id: str) -> bool:
         if self._members.pop(job_id, None) is None:
             return False
+        self._head_item = None
         self._stale += 1
         if self._stale > 1024 and self._stale > 2 * len(self._members):
             self._compact()
         return True
 
     def _compact(self) -> None:
+        self._head_item = None
         members = self._members
         self._heap = [item for item in self._heap if members.get(item[2].job_id) == item[1]]
         heapq.heapify(self._heap)
