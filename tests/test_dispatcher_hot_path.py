@@ -1,80 +1,16 @@
-"""The dispatcher's per-unit paths, checked against plain models of what they must do: the queue's
-peek-then-pop (the head is kept between the two), the shard choice (least loaded, a retry off its
-last shard on a tie, at most batch_size each), and the wait of a unit past the free room."""
-
-from dataclasses import dataclass
+"""The dispatcher's per-unit paths, checked against plain models of what they must do: the room
+check, the shard choice (least loaded, a retry off its last shard on a tie, at most batch_size
+each), and the wait of a unit past the free room. (The queue's peek-then-pop is checked with the
+heap queue's model in test_dispatcher_queues.py.)"""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gosched.common.config import QueueConfig, QueuePolicy
-from gosched.common.job import Job
 from gosched.dispatcher.dispatcher import _fits
-from gosched.dispatcher.queues.base import HeapQueue
 from tests.builders import make_job
 from tests.test_dispatcher_support import CPU, GI, accept, dispatcher, job_ids, reject, units
-
-
-@dataclass
-class Entry:
-    job: Job
-    seq: int
-
-    @property
-    def job_id(self) -> str:
-        return self.job.id
-
-
-class _Keyed(HeapQueue[Entry]):
-    def key(self, entry: Entry) -> int:
-        return entry.seq
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["push", "pop", "peek", "remove", "compact"]),
-            st.integers(0, 7),
-            st.integers(0, 20),
-        )
-    )
-)
-def test_peek_shows_what_pop_takes_whatever_happens_between(ops) -> None:
-    """The head a peek found is kept for the pop after it: a push, a removal or a compaction in
-    between must not let a stale head out. Against a plain model: the live entries sorted by (key,
-    push number)."""
-    q = _Keyed()
-    model: dict[str, tuple[int, int]] = {}
-    jobs = {i: make_job(f"j{i}").build() for i in range(8)}
-    pushes = 0
-
-    def first() -> str | None:
-        return min(model, key=model.__getitem__) if model else None
-
-    for op, i, key in ops:
-        job_id = f"j{i}"
-        want = first()
-        if op == "push":
-            pushes += 1
-            q.push(Entry(jobs[i], key))
-            model[job_id] = (key, pushes)
-        elif op == "remove":
-            assert q.remove(job_id) is (model.pop(job_id, None) is not None)
-        elif op == "compact":
-            q._compact()
-        elif op == "peek":
-            got = q.peek()
-            assert (None if got is None else got.job_id) == want
-        else:
-            got = q.pop()
-            assert (None if got is None else got.job_id) == want
-            model.pop(want, None)  # type: ignore[arg-type]
-        assert len(q) == len(model)
-        head = q.peek()
-        assert (None if head is None else head.job_id) == first()
-
 
 _amount = st.integers(0, 4)
 

@@ -288,20 +288,31 @@ class _Keyed(HeapQueue[Entry]):
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["push", "pop", "remove", "compact"]), st.integers(0, 7), st.integers(0, 20)
+            st.sampled_from(["push", "pop", "peek", "remove", "compact"]),
+            st.integers(0, 7),
+            st.integers(0, 20),
         )
     )
 )
 def test_the_heap_queue_pops_in_key_then_arrival_order_whatever_the_pushes(ops) -> None:
     """Against a plain model: the live entries sorted by (key, push number). Pushes that arrive in
-    order take the sorted run, the others the heap; pops must interleave both exactly."""
+    order take the sorted run, the others the heap; pops must interleave both exactly. The head a
+    peek found is kept for the pop after it: a push, a removal or a compaction in between must not
+    let a stale head out."""
     q = _Keyed()
     model: dict[str, tuple[int, int]] = {}  # job id -> (key, push number) of its live entry
     jobs = {i: make_job(f"j{i}").build() for i in range(8)}
     pushes = 0
+
+    def first() -> str | None:
+        return min(model, key=model.__getitem__) if model else None
+
     for op, i, key in ops:
         job_id = f"j{i}"
-        if op == "push":
+        if op == "peek":
+            got = q.peek()
+            assert (None if got is None else got.job_id) == first()
+        elif op == "push":
             pushes += 1
             q.push(Entry(jobs[i], key))
             model[job_id] = (key, pushes)
@@ -310,9 +321,11 @@ def test_the_heap_queue_pops_in_key_then_arrival_order_whatever_the_pushes(ops) 
         elif op == "compact":  # as many removals trigger it: stale items dropped, order kept
             q._compact()
         else:
-            want = min(model, key=model.__getitem__) if model else None
+            want = first()
             got = q.pop()
             assert (None if got is None else got.job_id) == want
-            model.pop(want, None)
+            model.pop(want, None)  # type: ignore[arg-type]
         assert len(q) == len(model)
+        head = q.peek()
+        assert (None if head is None else head.job_id) == first()
     assert drain_ids(q) == sorted(model, key=model.__getitem__)
