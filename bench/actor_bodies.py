@@ -10,14 +10,16 @@ contention does not blur them:
 
 - the dispatcher: `next_batch` then `report` with the binder's verdicts accepting every unit;
 - the binder: `commit` of the proposal batches a one-process pipeline made for the same jobs
-  (recorded first), over a store that holds the jobs, as the dispatcher's would;
+  (recorded first), over a store that holds the jobs, as the dispatcher's would; and its `writer`,
+  the process that writes the batches to the store meanwhile (its CPU time);
 - a shard: `plan` (unpack the dispatcher's batch, schedule it, pack the proposals), `reply`
   (unpack the binder's answer with its changes and apply it: the shard's own bindings) and
   `others` (a second shard's view taking the same changes: what every shard pays for each task
   another shard bound).
 
 With S shards on enough cores, a shard's time per task of the cluster is plan/S + reply/S +
-others * (S-1)/S; the throughput is bounded by the slowest of that, the dispatcher and the binder.
+others * (S-1)/S; the throughput is bounded by the slowest of that, the dispatcher, the binder
+and its writer.
 """
 
 import gc
@@ -129,10 +131,15 @@ def _binder(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
         assert isinstance(reply, BindReply)
         bound += sum(len(a.task_indexes) for a in reply.accepted)
     seconds = time.perf_counter() - t0
-    core.store.close()
+    core.writer.drain()
+    writing = core.writer.busy_s
+    core.close()
     if bound != tasks:
         raise RuntimeError(f"the binder bound {bound} of {tasks} tasks")
-    return [BodyCost("binder", "commit", bound, seconds / bound * 1e6)]
+    return [
+        BodyCost("binder", "commit", bound, seconds / bound * 1e6),
+        BodyCost("binder", "writer", bound, writing / bound * 1e6),
+    ]
 
 
 def _shard(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
@@ -183,7 +190,7 @@ def _shard(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
         following += t4 - t3
         bound += sum(len(a.task_indexes) for a in reply.accepted)
         dispatcher.report(verdicts, wire.pack(planned.unschedulable), dispatcher.binder_incarnation)
-    binder.store.close()
+    binder.close()
     dispatcher.store.close()
     if bound != tasks or other.state.task_row.keys() != shard.state.task_row.keys():
         raise RuntimeError(f"the shard bound {bound} of {tasks} tasks, or its two views differ")
@@ -196,11 +203,11 @@ def _shard(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
 
 def ceilings(costs: list[BodyCost], shard_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[int, float]:
     """Tasks/s the bodies alone allow per shard count, each actor on a core of this machine's
-    speed: 1 / the slowest of the dispatcher, the binder and one shard (see the module docstring).
-    Ray's own cost per call and message is not in it: a bound, not a forecast."""
+    speed: 1 / the slowest of the dispatcher, the binder (or its writer) and one shard (see the
+    module docstring). Ray's own cost per call and message is not in it: a bound, not a forecast."""
     us = {(c.actor, c.step): c.us_per_task for c in costs}
     dispatcher = us[("dispatcher", "next_batch")] + us[("dispatcher", "report")]
-    binder = us[("binder", "commit")]
+    binder = max(us[("binder", "commit")], us[("binder", "writer")])  # two processes
     own, others = us[("shard", "plan")] + us[("shard", "reply")], us[("shard", "others")]
     return {s: 1e6 / max(dispatcher, binder, own / s + others * (s - 1) / s) for s in shard_counts}
 

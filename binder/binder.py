@@ -5,7 +5,8 @@ authoritative arrays with named stages (binder/stages.py), applies what passes (
 confirm they are gone, then bind), persists the whole batch in one store transaction, and answers
 with the changes since the shard's last view (binder/changelog.py).
 
-    Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000)
+    Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000,
+           writer=None)
     .commit(batch: ProposalBatch, *, with_changes=True) -> BindReply
     .add_nodes(nodes) -> int            .set_node_state(name, state) -> int
     .remove_node(name) -> list[str]     .release(task_ids, reason) -> list[str]
@@ -14,6 +15,11 @@ with the changes since the shard's last view (binder/changelog.py).
 
 Versions: one per change entry; a call that changes nothing (e.g. a batch whose proposals are
 all rejected) does not bump the version.
+
+With a `writer` (binder/writer.py), commit() hands its batch to the writer process and returns
+before it is durable: the caller must let nothing but the shards hear of it before then
+(writer.after_durable, writer.drain). Every other write first waits for the writer to be done,
+so that the store sees all writes in the order the binder made them.
 """
 
 import logging
@@ -33,6 +39,7 @@ from gosched.binder.stages import (
     gang_need,
 )
 from gosched.binder.state import BinderState, make_resident, validate_node
+from gosched.binder.writer import StoreWriter
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.job import split_task_id
 from gosched.common.messages import (
@@ -114,8 +121,10 @@ class Binder:
         stages: Sequence[Stage] = DEFAULT_STAGES,
         vectorised: bool = True,
         max_log_entries: int = DEFAULT_MAX_ENTRIES,
+        writer: StoreWriter | None = None,
     ) -> None:
         self.store = store
+        self.writer = writer
         self.clock = clock
         self.stages = tuple(stages)
         self.vectorised = vectorised
@@ -180,7 +189,7 @@ class Binder:
     # -- nodes --------------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[Node]) -> int:
         """Register or update nodes; returns the new version."""
-        self._usable()
+        self._writable()
         for node in nodes:
             validate_node(node)
         if not nodes:
@@ -193,7 +202,7 @@ class Binder:
 
     def set_node_state(self, name: str, state: NodeState) -> int:
         """Mark a node ready / not ready / cordoned / draining (residents stay); returns the version."""
-        self._usable()
+        self._writable()
         row = self.truth.arrays.row_of.get(name)
         if row is None:
             raise KeyError(f"unknown node {name}")
@@ -210,7 +219,7 @@ class Binder:
         """Remove a node. Its residents are released as "lost" (stored as pending) and, where that
         leaves a gang below its min_member, the gang's other residents are evicted ("preempted",
         preemptor ""). Returns every task id released this way, for the caller to requeue."""
-        self._usable()
+        self._writable()
         if name not in self.truth.arrays.row_of:
             raise KeyError(f"unknown node {name}")
         lost = self.truth.remove_node(name)
@@ -240,7 +249,7 @@ class Binder:
         """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...).
 
         Tasks not bound here are skipped. Returns the task ids released."""
-        self._usable()
+        self._writable()
         state = RELEASE_STATES.get(reason)
         if state is None:
             raise ValueError(f"unknown release reason {reason!r} (one of {', '.join(RELEASE_STATES)})")
@@ -264,7 +273,7 @@ class Binder:
         """Tasks gone with their node or agent: released as "lost" (stored as pending, to be queued
         again) and, where that leaves a gang below its min_member, the gang's other residents are
         evicted too. Returns every task id released this way, for the caller to requeue."""
-        self._usable()
+        self._writable()
         lost = [got[1] for got in map(self.truth.release, dict.fromkeys(task_ids)) if got is not None]
         if not lost:
             return []
@@ -300,7 +309,11 @@ class Binder:
             bound, states = writes.split()
             jobs = {p.job.id: p.job for p in proposals}
             version = self.version + len(changes)
-            self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
+            if self.writer is not None:
+                writer = self.writer  # every job is stored at its submission: the writer needs no jobs
+                self._guarded(lambda: writer.write(version, bound, states, now))
+            else:
+                self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
             self._publish(changes)
         if with_changes:
             reply.changes, reply.version, reply.resync = self.changes_since(batch.seen_version)
@@ -491,6 +504,12 @@ class Binder:
         except BaseException as exc:
             self._broken = exc
             raise
+
+    def _writable(self) -> None:
+        """Before a write other than commit's: the writer's queue goes to the store first."""
+        self._usable()
+        if self.writer is not None:
+            self._guarded(self.writer.drain)
 
     def _usable(self) -> None:
         if self._broken is not None:

@@ -130,6 +130,11 @@ DELETE FROM task_restarts WHERE NOT EXISTS (
 _CHUNK = 500  # ids per "IN (...)" query, below SQLite's host-parameter limit
 
 
+# One binder batch as commit_many takes it: (version, bound (task id, node, GPUs), state changes
+# (task id, state or its value), time).
+StoredBatch = tuple[int, Sequence[tuple[str, str, Gpus]], Sequence[tuple[str, TaskState | str]], float]
+
+
 class BoundTask(NamedTuple):
     """A task holding resources (bound or running), with its job: what the binder recovers."""
 
@@ -402,15 +407,34 @@ class Store:
         first; a job missing from `jobs` too raises KeyError and nothing is written.
         """
         t = time.time() if now is None else now
-        bind_rows = [(node, gpus_to_text(gpus), t, t, tid) for tid, node, gpus in bound]
         with self._tx() as c:
-            if bind_rows:
-                cur = c.executemany(_BIND, bind_rows)
-                if cur.rowcount != len(bind_rows):
-                    self._bind_missing(c, bind_rows, jobs or {}, t)
-            if state_changes:
-                c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in state_changes])
-            c.execute(_SET_META, ("version", version))
+            self._write_batch(c, version, bound, state_changes, t, jobs or {})
+
+    def commit_many(self, batches: Sequence[StoredBatch]) -> None:
+        """Several binder batches, in order, in ONE transaction (the binder's writer process groups
+        the batches that queued while it wrote). Every bound task must have its row already (its job
+        stored at submission): a missing one raises KeyError and nothing is written."""
+        with self._tx() as c:
+            for version, bound, state_changes, t in batches:
+                self._write_batch(c, version, bound, state_changes, t, {})
+
+    def _write_batch(
+        self,
+        c: sqlite3.Connection,
+        version: int,
+        bound: Sequence[tuple[str, str, Gpus]],
+        state_changes: Sequence[tuple[str, TaskState | str]],
+        t: float,
+        jobs: Mapping[str, Job],
+    ) -> None:
+        bind_rows = [(node, gpus_to_text(gpus), t, t, tid) for tid, node, gpus in bound]
+        if bind_rows:
+            cur = c.executemany(_BIND, bind_rows)
+            if cur.rowcount != len(bind_rows):
+                self._bind_missing(c, bind_rows, jobs, t)
+        if state_changes:
+            c.executemany(_SET_STATE, [(TaskState(s).value, t, tid) for tid, s in state_changes])
+        c.execute(_SET_META, ("version", version))
 
     def _bind_missing(
         self,

@@ -1,7 +1,7 @@
 """The components as Ray actors: thin wrappers that call the very same classes as the Pipeline.
 
     DispatcherCore(settings)             wraps Dispatcher; owns its own Store connection
-    BinderCore(store_path, dispatcher)   wraps Binder; owns the Store the bindings go to
+    BinderCore(store_path, dispatcher)   wraps Binder; owns the Store and the store writer process
     ShardCore(shard_id, profile, dispatcher, binder)    wraps SchedulerShard and runs its loop
 
 Messages travel pickled (gosched.common.wire), one message per batch, never one per task. One
@@ -9,8 +9,9 @@ shard round (ShardCore.run_once), with its shard planning while the others plan 
 
     shard --poll(shard_id)--> dispatcher              a UnitBatch for this shard (or when to ask again)
     shard --commit(ProposalBatch)--> binder           the binder serialises commits (one thread)
-          binder --report(BindReply w/o changes, unschedulable)--> dispatcher   (no wait)
     shard <-- BindReply with the changes since its version; apply_reply
+          binder's writer process: the batch is durable in the store
+          binder --report(BindReply w/o changes, unschedulable)--> dispatcher   (no wait)
 
 The round is pipelined: the shard asks for its next batch before it plans this one, and plans
 batch k+1 while the binder commits batch k (whose placements stay assumed in its view), so the
@@ -18,9 +19,14 @@ dispatcher, the shard and the binder work at the same time even with one shard.
 
 The binder itself reports each outcome to the dispatcher, so a reply is never lost with a shard
 that dies after its commit, and the dispatcher hears of a batch in the Pipeline's order (verdicts,
-then the unschedulable). Calls from one actor to another arrive in the order they were sent, so
-BinderCore.requeue_shard (a lost shard's units taken back) reaches the dispatcher after every
-report the binder sent before it.
+then the unschedulable). The binder's store writes run in a process of their own
+(binder/writer.py), so the binder checks batch k+1 while batch k is written: a shard has its
+answer before the batch is durable (a binder that dies then restarts, and every shard resyncs), but
+the dispatcher's report, and every other answer the binder gives (what the agents launch, what
+the API shows), waits until it is. Calls from one actor to another arrive in the order they were
+sent, and BinderCore.requeue_shard (a lost shard's units taken back) waits for every report due
+before it, so it reaches the dispatcher after them. A writer that fails ends the binder's process:
+Ray restarts it, and it recovers from the store.
 
 Each of the binder and the dispatcher has an incarnation id, new at every (re)start and reload:
 the dispatcher ignores reports of a binder incarnation it has not been given (a restarted binder,
@@ -29,6 +35,7 @@ shards' round results so the driver notices a restart that no call failed on.
 """
 
 import contextlib
+import logging
 import os
 import resource
 import time
@@ -41,6 +48,7 @@ from ray.exceptions import RayActorError
 
 from gosched.binder import queries
 from gosched.binder.binder import Binder
+from gosched.binder.writer import StoreWriter
 from gosched.common import wire
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
@@ -62,6 +70,10 @@ CommitAnswer = tuple[str, bytes, list[bytes], int, bool]
 ACTOR_CPUS = 0
 # Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
 LATENCY_KEEP = 100_000
+# The binder's exit code when its store writer fails: Ray restarts it, and it recovers from the store.
+WRITER_FAILED_EXIT = 70
+
+log = logging.getLogger(__name__)
 
 
 def process_stats(busy_s: float) -> dict[str, float]:
@@ -78,6 +90,33 @@ def process_stats(busy_s: float) -> dict[str, float]:
         "busy_s": busy_s,
         "cpu_s": usage.ru_utime + usage.ru_stime,
     }
+
+
+def child_stats(pid: int) -> tuple[float, float, float]:
+    """A child process's CPU seconds (user + system), memory now and peak (MiB); zeros once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0.0, 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu_s = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+
+    def mib(key: str) -> float:
+        value = status.get(key, "0 kB").split()
+        return int(value[0]) / 1024 if value else 0.0
+
+    return cpu_s, mib("VmRSS"), mib("VmHWM")
+
+
+def _end_binder(why: str) -> None:
+    """The store writer failed: this binder's memory is ahead of the store for good. Its process
+    ends; Ray starts it again, and the new incarnation recovers from the store."""
+    log.critical("ending the binder's process: %s", why)
+    logging.shutdown()
+    os._exit(WRITER_FAILED_EXIT)
 
 
 class DispatcherCore:
@@ -295,11 +334,13 @@ class DispatcherCore:
 
 
 class BinderCore:
-    """The binder actor's body: recovers from the store at every (re)start."""
+    """The binder actor's body: recovers from the store at every (re)start (after the writer of
+    the last incarnation is done), and answers nobody but the shards before a batch is durable."""
 
     def __init__(self, store_path: str, dispatcher: Any) -> None:
+        self.writer = StoreWriter(store_path, on_failure=_end_binder)
         self.store = Store(store_path)
-        self.binder = Binder(self.store)
+        self.binder = Binder(self.store, writer=self.writer)
         self.dispatcher = dispatcher
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
@@ -330,13 +371,17 @@ class BinderCore:
                 reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
             )
         )
-        self.dispatcher.report.remote(verdicts, wire.pack(batch.unschedulable), self.incarnation)
+        unschedulable = wire.pack(batch.unschedulable)
+        report = self.dispatcher.report.remote
+        incarnation = self.incarnation
+        self.writer.after_durable(lambda: report(verdicts, unschedulable, incarnation))
         segments, version, resync = self.packed.since(self.binder, batch.seen_version)
         self.busy_s += time.perf_counter() - t0
         return self.incarnation, verdicts, segments, version, resync
 
     def requeue_shard(self, shard_id: int) -> int:
         """A shard is lost: the dispatcher takes back its units, after every report sent before."""
+        self.writer.drain()
         return int(ray.get(self.dispatcher.requeue_in_flight.remote(shard_id, self.incarnation)))
 
     def changes_since(self, version: int) -> bytes:
@@ -347,7 +392,13 @@ class BinderCore:
         return out
 
     def process_stats(self) -> dict[str, float]:
-        return process_stats(self.busy_s)
+        """This process's figures, its store writer's CPU and memory included."""
+        stats = process_stats(self.busy_s)
+        cpu_s, rss_mib, peak_mib = child_stats(self.writer.pid)
+        stats["cpu_s"] += cpu_s
+        stats["rss_mib"] += rss_mib
+        stats["peak_rss_mib"] += peak_mib
+        return stats
 
     def release(self, task_ids: Sequence[str], reason: str) -> list[str]:
         return self.binder.release(task_ids, reason)
@@ -356,34 +407,51 @@ class BinderCore:
         return self.binder.cancel_job(job_id, holding)
 
     def resident_node(self, tid: str) -> str | None:
-        got = self.binder.resident(tid)
+        got = self._durable().resident(tid)
         return None if got is None else got[0]
 
     def resident_ids(self) -> list[str]:
         """Every task id resident on a node (one entry per residence: a duplicate is a bug)."""
-        return [tid for per_node in self.binder.state.residents for tid in per_node]
+        return [tid for per_node in self._durable().state.residents for tid in per_node]
 
     def stats(self) -> dict[str, Any]:
-        return {"version": self.binder.version, "commits": self.commits, "incarnation": self.incarnation}
+        return {
+            "version": self.binder.version,
+            "commits": self.commits,
+            "incarnation": self.incarnation,
+            "writer_pid": self.writer.pid,
+            "writer_busy_s": self.writer.busy_s,
+        }
+
+    def close(self) -> None:
+        """Let the writer finish, and close the store (for a binder used outside an actor)."""
+        self.writer.close()
+        self.store.close()
+
+    def _durable(self) -> Binder:
+        """The binder, once every batch it committed is durable: what it tells beyond the shards
+        (what runs where, for the agents and the API) must survive its crash."""
+        self.writer.drain()
+        return self.binder
 
     # -- for the API (runtime/ray_control.py) ----------------------------------------------------------
     def nodes(self, names: Sequence[str] | None) -> list[NodeSnapshot]:
-        return queries.node_snapshots(self.binder, names)
+        return queries.node_snapshots(self._durable(), names)
 
     def residents(self, names: Sequence[str]) -> dict[str, list[str]]:
-        return queries.residents_of(self.binder, names)
+        return queries.residents_of(self._durable(), names)
 
     def resident_runs(self, names: Sequence[str]) -> dict[str, dict[str, float]]:
-        return queries.resident_runs(self.binder, names)
+        return queries.resident_runs(self._durable(), names)
 
     def misfits(self, names: Sequence[str]) -> list[str]:
-        return queries.misfits(self.binder, names)
+        return queries.misfits(self._durable(), names)
 
     def placements(self, task_ids: Sequence[str]) -> dict[str, tuple[str, Gpus]]:
-        return queries.placements_of(self.binder, task_ids)
+        return queries.placements_of(self._durable(), task_ids)
 
     def usage(self) -> dict[str, int]:
-        return queries.cluster_usage(self.binder)
+        return queries.cluster_usage(self._durable())
 
     def set_node_state(self, name: str, state: str) -> int:
         return self.binder.set_node_state(name, NodeState(state))

@@ -130,6 +130,7 @@ def test_the_actor_bodies_bench_counts_every_task_through_every_actor(tmp_path: 
         ("dispatcher", "next_batch"),
         ("dispatcher", "report"),
         ("binder", "commit"),
+        ("binder", "writer"),
         ("shard", "plan"),
         ("shard", "reply"),
         ("shard", "others"),
@@ -142,6 +143,7 @@ def test_the_bodies_ceiling_is_the_slowest_actor_with_the_shards_work_split() ->
         ("dispatcher", "next_batch"): 3.0,
         ("dispatcher", "report"): 2.0,  # dispatcher: 5 us per task
         ("binder", "commit"): 8.0,
+        ("binder", "writer"): 3.0,  # its own process: the binder is the slower of the two
         ("shard", "plan"): 18.0,
         ("shard", "reply"): 2.0,  # a shard's own tasks: 20 us each
         ("shard", "others"): 4.0,  # every other shard's binding: 4 us
@@ -150,3 +152,6 @@ def test_the_bodies_ceiling_is_the_slowest_actor_with_the_shards_work_split() ->
     got = ceilings(costs, (1, 2, 4, 8))
     # 1 shard: 20 us; 2: 10 + 2 = 12; 4: 5 + 3 = 8 (ties the binder); 8: 2.5 + 3.5 = 6 < binder's 8
     assert got == pytest.approx({1: 50_000, 2: 1e6 / 12, 4: 125_000, 8: 125_000})
+    us[("binder", "writer")] = 10.0  # a writer slower than the binder's checks is the ceiling
+    got = ceilings([BodyCost(actor, step, 100, v) for (actor, step), v in us.items()], (8,))
+    assert got == pytest.approx({8: 100_000})

@@ -1,5 +1,7 @@
 """GoSched on real local Ray: the same components as actors, failures included."""
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -80,13 +82,17 @@ def test_two_shards_race_for_the_last_gpu(tmp_path: Path) -> None:
 
 
 def killer(rs: RayScheduler, target: str, at_round: int) -> tuple[list[int], Callable[[int], None]]:
-    """An on_round hook that kills shard 0, the binder or the dispatcher (Ray restarts it)."""
+    """An on_round hook that kills shard 0, the binder, the dispatcher (Ray restarts it) or the
+    binder's store writer process (the binder ends itself, and Ray restarts it)."""
     killed: list[int] = []
 
     def on_round(n: int) -> None:
         if n == at_round and not killed:
-            handle = rs.shards[0] if target == "shard" else getattr(rs, target)
-            ray.kill(handle, no_restart=False)
+            if target == "writer":
+                os.kill(ray.get(rs.binder.stats.remote())["writer_pid"], signal.SIGKILL)
+            else:
+                handle = rs.shards[0] if target == "shard" else getattr(rs, target)
+                ray.kill(handle, no_restart=False)
             killed.append(n)
 
     return killed, on_round
@@ -106,7 +112,7 @@ def test_shard_killed_while_10000_jobs_flow(tmp_path: Path) -> None:
         rs.shutdown()
 
 
-@pytest.mark.parametrize("target", ["binder", "dispatcher"])
+@pytest.mark.parametrize("target", ["binder", "dispatcher", "writer"])
 def test_control_actor_restart_mid_run(tmp_path: Path, target: str) -> None:
     rs = scheduler(tmp_path, sim_nodes(100), batch_size=100)
     try:

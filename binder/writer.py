@@ -1,0 +1,246 @@
+"""The binder's handle on its store writer process (binder/writer_child.py): the binder checks and
+applies batch k+1 while SQLite writes batch k on another core, as Nomad's plan applier evaluates
+the next plan while the last one commits.
+
+    writer = StoreWriter(store_path, on_failure=...)   # waits until a previous writer is done
+    writer.write(version, bound, states, now)          # queued; durable later, in order
+    writer.after_durable(callback)                      # runs once all written so far is durable
+    writer.drain()                                      # returns once all written so far is durable
+    writer.close()
+
+What the binder tells the world outside its shards (the dispatcher's reports, the agents' launches,
+the API's answers) must wait for durability: callbacks and drain() give it that. A binder that
+crashes before its writes are durable has told nobody, so its recovery from the store is the truth.
+
+One thread writes (the binder's); a thread of this handle reads the acks and runs the callbacks,
+in order. A failed write, or a writer gone with writes unacknowledged, calls `on_failure` once:
+the binder's memory is then ahead of the store for good.
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import msgpack
+
+from gosched.binder.writer_child import lock_path
+from gosched.common.states import TaskState
+
+log = logging.getLogger(__name__)
+
+Gpus = tuple[tuple[int, int], ...]
+PIPE_BYTES = 1 << 20  # room for several batches in the pipe, so the binder rarely waits on it
+
+
+class WriterFailed(RuntimeError):
+    """The store writer failed: what the binder holds in memory is not all in the store."""
+
+
+class StoreWriter:
+    """A child process that writes the binder's batches to the store; see the module docstring."""
+
+    def __init__(
+        self,
+        store_path: str,
+        *,
+        on_failure: Callable[[str], None] | None = None,
+        previous_timeout_s: float = 120.0,
+    ) -> None:
+        self.store_path = store_path
+        self.on_failure = on_failure
+        wait_for_previous_writer(store_path, previous_timeout_s)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "gosched.binder.writer_child", store_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._fd = self._proc.stdin.fileno()
+        # Above this system's pipe-max-size, the default pipe only makes the binder wait more often.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self._unpacker = msgpack.Unpacker(raw=False, use_list=False)
+        self._await_ready()
+        self._cond = threading.Condition()
+        self._sent = 0  # the last seq sent
+        self._acked = 0  # the last seq durable
+        self._done = 0  # the last seq whose callbacks have run
+        self._callbacks: deque[tuple[int, Callable[[], object]]] = deque()
+        self.failure: str | None = None
+        self.busy_s = 0.0  # the writer's CPU seconds, as of its last ack
+        self.acks = 0  # acks received: one per transaction the writer made
+        self._reader = threading.Thread(target=self._read_acks, name="store-writer-acks", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def pending(self) -> int:
+        """Frames sent and not yet durable."""
+        with self._cond:
+            return self._sent - self._acked
+
+    # -- the binder's thread ------------------------------------------------------------------------
+    def write(
+        self,
+        version: int,
+        bound: Sequence[tuple[str, str, Gpus]],
+        states: Sequence[tuple[str, TaskState]],
+        now: float,
+    ) -> None:
+        """Queue one batch (bindings, other task states, the version after it) for the store."""
+        self._send(version, bound, [(tid, s.value) for tid, s in states], now, None)
+
+    def after_durable(self, callback: Callable[[], object]) -> None:
+        """Run `callback` (on the ack thread) once everything written so far is durable, after the
+        callbacks given before it."""
+        with self._cond:
+            self._check()
+            if self._acked < self._sent:
+                self._callbacks.append((self._sent, callback))
+                return
+        self._send(None, (), (), 0.0, callback)  # nothing in flight: a barrier carries it
+
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Wait until everything written so far is durable and its callbacks have run."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._done < self._sent and self.failure is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"the store writer has {self._sent - self._acked} batch(es) unwritten")
+                self._cond.wait(left)
+            self._check()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Let the writer finish what it was sent, and stop it."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout_s)
+
+    def _send(
+        self,
+        version: int | None,
+        bound: Sequence[tuple[str, str, Gpus]],
+        states: Sequence[tuple[str, str]],
+        now: float,
+        callback: Callable[[], object] | None,
+    ) -> None:
+        frame_head: int
+        with self._cond:
+            self._check()
+            self._sent += 1
+            frame_head = self._sent
+            if callback is not None:
+                self._callbacks.append((frame_head, callback))
+        data = msgpack.packb([frame_head, version, now, bound, states])
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:  # the writer is gone: the ack thread tells why
+            self._fail(f"the store writer took no more input ({exc})")
+            raise WriterFailed(self.failure) from exc
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise WriterFailed(self.failure)
+
+    # -- the ack thread ------------------------------------------------------------------------------
+    def _await_ready(self) -> None:
+        """Wait for the writer's first ack: from then on it holds the writer lock, so a binder
+        restarted after this one dies waits for it (wait_for_previous_writer)."""
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while True:
+            data = os.read(fd, 64)
+            if not data:
+                code = self._proc.wait()
+                raise WriterFailed(
+                    f"the store writer for {self.store_path} exited at its start (code {code})"
+                )
+            self._unpacker.feed(data)
+            for ack in self._unpacker:
+                if ack[0] != 0:
+                    raise WriterFailed(f"the store writer's first word was {ack!r}, not ready")
+                return
+
+    def _read_acks(self) -> None:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        unpacker = self._unpacker
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            unpacker.feed(data)
+            for seq, error, busy in unpacker:
+                if error is not None:
+                    self._fail(f"the store writer failed: {error}")
+                    return
+                with self._cond:
+                    self._acked = seq
+                    self.busy_s = busy
+                    self.acks += 1
+                    ready = []
+                    while self._callbacks and self._callbacks[0][0] <= seq:
+                        ready.append(self._callbacks.popleft()[1])
+                for callback in ready:
+                    try:
+                        callback()
+                    except Exception:  # one bad callback must not stop the acks
+                        log.exception("a callback after a durable write failed")
+                with self._cond:
+                    self._done = seq
+                    self._cond.notify_all()
+        code = self._proc.wait()
+        with self._cond:
+            lost = self._sent - self._acked
+        if lost:
+            self._fail(f"the store writer exited (code {code}) with {lost} batch(es) unwritten")
+
+    def _fail(self, why: str) -> None:
+        with self._cond:
+            if self.failure is not None:
+                return
+            self.failure = why
+            self._callbacks.clear()  # their outcomes never became durable: nobody may hear of them
+        log.critical("%s", why)
+        if self.on_failure is not None:
+            self.on_failure(why)
+        with self._cond:  # a drain() waiting returns once the failure has been handled
+            self._cond.notify_all()
+
+
+def wait_for_previous_writer(store_path: str, timeout_s: float) -> None:
+    """Return once no writer process holds the store's writer lock (a crashed binder's writer
+    finishes what it was sent first): recovering before that would miss its last batches."""
+    deadline = time.monotonic() + timeout_s
+    with open(lock_path(store_path), "a+") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"a previous store writer still holds {lock_path(store_path)}"
+                    ) from None
+                time.sleep(0.02)
+                continue
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            return

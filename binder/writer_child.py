@@ -1,0 +1,125 @@
+"""The binder's store writer, as a process of its own: `python -m gosched.binder.writer_child STORE`.
+
+It takes the binder's batches from stdin and writes them to the store, in order, so that SQLite's
+work runs on another core than the binder's checks (binder/writer.py is the binder's side).
+
+    stdin:  msgpack stream of frames [seq, version, now, bound, states]
+            bound: [[task id, node, [[gpu, milli], ...]], ...]; states: [[task id, state], ...];
+            version None: a barrier (nothing to write, acknowledged in its turn)
+    stdout: msgpack stream of acks [seq, error or None, busy seconds so far]; the first, seq 0,
+            once it holds the lock below
+
+The frames that queued while it wrote go into one transaction (group commit), acknowledged by the
+last one's seq. After an error it writes nothing more: the binder's memory is no longer the store's,
+and only a new binder, recovered from the store, may write. At end of input (the binder is gone,
+whatever the reason) it still writes every frame it was sent, then exits. It holds an exclusive
+lock on STORE.writer.lock while it runs, so that a restarted binder recovers only after it is done.
+"""
+
+import fcntl
+import os
+import select
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import msgpack
+
+from gosched.common.store import Store, StoredBatch
+
+# Upper bounds of one group commit: the binder sees its batches acknowledged at least this often.
+GROUP_FRAMES = 64
+GROUP_ROWS = 50_000
+READ_BYTES = 1 << 20
+
+
+def lock_path(store_path: str) -> str:
+    return store_path + ".writer.lock"
+
+
+class _Frames:
+    """Frames from a file descriptor, as they arrive."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.unpacker = msgpack.Unpacker(raw=False, use_list=False)
+        self.eof = False
+        self.ready: deque[Any] = deque()
+
+    def fill(self, *, block: bool) -> None:
+        """Read what there is (waiting for something if `block` and nothing is ready yet)."""
+        while not self.eof:
+            if not (block and not self.ready) and not select.select([self.fd], [], [], 0)[0]:
+                return
+            data = os.read(self.fd, READ_BYTES)
+            if not data:
+                self.eof = True
+                return
+            self.unpacker.feed(data)
+            self.ready.extend(self.unpacker)
+
+    def take(self) -> list[Any]:
+        """A group of ready frames, in order, within the group bounds."""
+        group: list[Any] = []
+        rows = 0
+        while self.ready and len(group) < GROUP_FRAMES and rows < GROUP_ROWS:
+            frame = self.ready.popleft()
+            group.append(frame)
+            rows += len(frame[3]) + len(frame[4])
+        return group
+
+
+def run(store_path: str, fd_in: int, fd_out: int) -> int:
+    lock = open(lock_path(store_path), "a+")  # noqa: SIM115 - held for the process's life
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    store = Store(store_path)
+    _write_all(fd_out, msgpack.packb([0, None, 0.0]))  # ready: the lock is held, nobody else writes
+    frames = _Frames(fd_in)
+    busy = 0.0
+    failed = False
+    while True:
+        frames.fill(block=True)
+        group = frames.take()
+        if not group:
+            break  # end of input, everything written
+        error: str | None = None
+        if not failed:
+            t0 = time.process_time()
+            batches: list[StoredBatch] = [
+                (version, bound, states, now)
+                for _, version, now, bound, states in group
+                if version is not None  # a barrier
+            ]
+            try:
+                if batches:
+                    store.commit_many(batches)
+            except Exception as exc:  # told to the binder, which stops trusting its memory
+                error = f"{type(exc).__name__}: {exc}"
+                failed = True
+            busy += time.process_time() - t0
+        else:
+            error = "an earlier write failed"
+        _write_all(fd_out, msgpack.packb([group[-1][0], error, busy]))
+    store.close()
+    return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m gosched.binder.writer_child STORE", file=sys.stderr)
+        return 2
+    # The acks get stdout's pipe to themselves: anything else printed goes to stderr.
+    acks = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return run(argv[1], sys.stdin.fileno(), acks)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
