@@ -283,7 +283,8 @@ def _undo_start(db: Path, log_root: Path, made: Sequence[Path], store_new: bool)
     store's files, so that a master that locks the path anew finds no store this start is
     removing (lock_store checks that the file it locked is still the path's)."""
     lock = db.with_name(f"{db.name}.lock")
-    files = [db.with_name(db.name + end) for end in ("", "-wal", "-shm")] if store_new else []
+    ends = ("", "-wal", "-shm", ".writer.lock")  # .writer.lock: the binder's writer (binder/writer.py)
+    files = [db.with_name(db.name + end) for end in ends] if store_new else []
     firsts = [p for p in (log_root, lock) if p in made]
     folders = sorted((p for p in made if p not in firsts), key=lambda p: len(p.parts), reverse=True)
     _remove_new([*files, *firsts, *folders])

@@ -131,6 +131,7 @@ def _binder(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
         assert isinstance(reply, BindReply)
         bound += sum(len(a.task_indexes) for a in reply.accepted)
     seconds = time.perf_counter() - t0
+    assert core.writer is not None  # a store on disk, as the running system has
     core.writer.drain()
     writing = core.writer.busy_s
     core.close()

@@ -13,14 +13,15 @@ the API's answers) must wait for durability: callbacks and drain() give it that.
 crashes before its writes are durable has told nobody, so its recovery from the store is the truth.
 
 One thread writes (the binder's); a thread of this handle reads the acks and runs the callbacks,
-in order. A failed write, or a writer gone with writes unacknowledged, calls `on_failure` once:
-the binder's memory is then ahead of the store for good.
+in order. A failed write, or a writer gone before close(), calls `on_failure` once: the binder's
+memory is then ahead of the store, or soon would be.
 """
 
 import contextlib
 import fcntl
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -51,29 +52,41 @@ class StoreWriter:
         store_path: str,
         *,
         on_failure: Callable[[str], None] | None = None,
-        previous_timeout_s: float = 120.0,
+        start_timeout_s: float = 120.0,
     ) -> None:
         self.store_path = store_path
         self.on_failure = on_failure
-        wait_for_previous_writer(store_path, previous_timeout_s)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "gosched.binder.writer_child", store_path],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
-        assert self._proc.stdin is not None and self._proc.stdout is not None
+        wait_for_previous_writer(store_path, start_timeout_s)
+        ack_read, ack_write = os.pipe()  # the acks' own pipe: nothing printed can get into it
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "gosched.binder.writer_child", store_path, str(ack_write)],
+                stdin=subprocess.PIPE,
+                pass_fds=(ack_write,),
+                start_new_session=True,  # a Ctrl-C at the terminal is the binder's to handle, not its
+            )
+        finally:
+            os.close(ack_write)
+        assert self._proc.stdin is not None
         self._fd = self._proc.stdin.fileno()
+        self._ack_fd = ack_read
         # Above this system's pipe-max-size, the default pipe only makes the binder wait more often.
         with contextlib.suppress(OSError):
             fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._unpacker = msgpack.Unpacker(raw=False, use_list=False)
-        self._await_ready()
+        try:
+            self._await_ready(start_timeout_s)
+        except BaseException:
+            self._proc.kill()
+            self._proc.wait()
+            os.close(ack_read)
+            raise
         self._cond = threading.Condition()
         self._sent = 0  # the last seq sent
         self._acked = 0  # the last seq durable
         self._done = 0  # the last seq whose callbacks have run
         self._callbacks: deque[tuple[int, Callable[[], object]]] = deque()
+        self._closing = False
         self.failure: str | None = None
         self.busy_s = 0.0  # the writer's CPU seconds, as of its last ack
         self.acks = 0  # acks received: one per transaction the writer made
@@ -83,6 +96,10 @@ class StoreWriter:
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
 
     @property
     def pending(self) -> int:
@@ -123,7 +140,9 @@ class StoreWriter:
             self._check()
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Let the writer finish what it was sent, and stop it."""
+        """Let the writer finish what it was sent, and stop it; the handle takes nothing more."""
+        with self._cond:
+            self._closing = True
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()
         try:
@@ -141,34 +160,40 @@ class StoreWriter:
         now: float,
         callback: Callable[[], object] | None,
     ) -> None:
-        frame_head: int
+        # Packed before the seq is taken: a batch that cannot be packed leaves no gap in the seqs.
+        # (Only the binder's thread sends, so the next seq cannot change meanwhile.)
+        data = msgpack.packb([self._sent + 1, version, now, bound, states])
         with self._cond:
             self._check()
             self._sent += 1
-            frame_head = self._sent
             if callback is not None:
-                self._callbacks.append((frame_head, callback))
-        data = msgpack.packb([frame_head, version, now, bound, states])
+                self._callbacks.append((self._sent, callback))
         view = memoryview(data)
         try:
             while view:
                 view = view[os.write(self._fd, view) :]
-        except OSError as exc:  # the writer is gone: the ack thread tells why
+        except OSError as exc:
             self._fail(f"the store writer took no more input ({exc})")
             raise WriterFailed(self.failure) from exc
 
     def _check(self) -> None:
         if self.failure is not None:
             raise WriterFailed(self.failure)
+        if self._closing:
+            raise WriterFailed("the store writer is closed")
 
     # -- the ack thread ------------------------------------------------------------------------------
-    def _await_ready(self) -> None:
+    def _await_ready(self, timeout_s: float) -> None:
         """Wait for the writer's first ack: from then on it holds the writer lock, so a binder
         restarted after this one dies waits for it (wait_for_previous_writer)."""
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
         while True:
-            data = os.read(fd, 64)
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._ack_fd], [], [], left)[0]:
+                raise WriterFailed(
+                    f"the store writer for {self.store_path} was not ready in {timeout_s:.0f} s"
+                )
+            data = os.read(self._ack_fd, 64)
             if not data:
                 code = self._proc.wait()
                 raise WriterFailed(
@@ -181,18 +206,31 @@ class StoreWriter:
                 return
 
     def _read_acks(self) -> None:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
+        try:
+            self._take_acks()
+        except BaseException as exc:  # whatever ends this thread, drain() must not wait forever
+            self._fail(f"the store writer's acks could not be read: {type(exc).__name__}: {exc}")
+        finally:
+            os.close(self._ack_fd)
+        code = self._proc.wait()
+        with self._cond:
+            lost, closing = self._sent - self._acked, self._closing
+        if lost or not closing:
+            self._fail(f"the store writer exited (code {code}) with {lost} batch(es) unwritten")
+
+    def _take_acks(self) -> None:
         unpacker = self._unpacker
         while True:
-            data = os.read(fd, 65536)
+            data = os.read(self._ack_fd, 65536)
             if not data:
-                break
+                return
+            if self.failure is not None:
+                continue  # read to the end, so that the writer never blocks on a full pipe
             unpacker.feed(data)
             for seq, error, busy in unpacker:
                 if error is not None:
                     self._fail(f"the store writer failed: {error}")
-                    return
+                    break
                 with self._cond:
                     self._acked = seq
                     self.busy_s = busy
@@ -208,11 +246,6 @@ class StoreWriter:
                 with self._cond:
                     self._done = seq
                     self._cond.notify_all()
-        code = self._proc.wait()
-        with self._cond:
-            lost = self._sent - self._acked
-        if lost:
-            self._fail(f"the store writer exited (code {code}) with {lost} batch(es) unwritten")
 
     def _fail(self, why: str) -> None:
         with self._cond:

@@ -1,4 +1,5 @@
-"""The binder's store writer, as a process of its own: `python -m gosched.binder.writer_child STORE`.
+"""The binder's store writer, as a process of its own:
+`python -m gosched.binder.writer_child STORE ACK_FD` (binder/writer.py starts it).
 
 It takes the binder's batches from stdin and writes them to the store, in order, so that SQLite's
 work runs on another core than the binder's checks (binder/writer.py is the binder's side).
@@ -6,14 +7,16 @@ work runs on another core than the binder's checks (binder/writer.py is the bind
     stdin:  msgpack stream of frames [seq, version, now, bound, states]
             bound: [[task id, node, [[gpu, milli], ...]], ...]; states: [[task id, state], ...];
             version None: a barrier (nothing to write, acknowledged in its turn)
-    stdout: msgpack stream of acks [seq, error or None, busy seconds so far]; the first, seq 0,
+    ACK_FD: msgpack stream of acks [seq, error or None, busy seconds so far]; the first, seq 0,
             once it holds the lock below
 
 The frames that queued while it wrote go into one transaction (group commit), acknowledged by the
 last one's seq. After an error it writes nothing more: the binder's memory is no longer the store's,
 and only a new binder, recovered from the store, may write. At end of input (the binder is gone,
-whatever the reason) it still writes every frame it was sent, then exits. It holds an exclusive
-lock on STORE.writer.lock while it runs, so that a restarted binder recovers only after it is done.
+whatever the reason) it still writes every frame it was sent, then exits (unless it is killed with
+the binder's process, as Ray may do: then what it had not written was never reported either). It
+holds an exclusive lock on STORE.writer.lock while it runs, so that a restarted binder recovers
+only after it is done.
 """
 
 import fcntl
@@ -48,8 +51,9 @@ class _Frames:
         self.ready: deque[Any] = deque()
 
     def fill(self, *, block: bool) -> None:
-        """Read what there is (waiting for something if `block` and nothing is ready yet)."""
-        while not self.eof:
+        """Read what there is, up to a group (waiting for something if `block` and nothing is
+        ready yet): under a steady stream the acks still come a group at a time."""
+        while not self.eof and len(self.ready) < GROUP_FRAMES:
             if not (block and not self.ready) and not select.select([self.fd], [], [], 0)[0]:
                 return
             data = os.read(self.fd, READ_BYTES)
@@ -74,7 +78,7 @@ def run(store_path: str, fd_in: int, fd_out: int) -> int:
     lock = open(lock_path(store_path), "a+")  # noqa: SIM115 - held for the process's life
     fcntl.flock(lock, fcntl.LOCK_EX)
     store = Store(store_path)
-    _write_all(fd_out, msgpack.packb([0, None, 0.0]))  # ready: the lock is held, nobody else writes
+    acks_open = _write_all(fd_out, msgpack.packb([0, None, 0.0]))  # ready: the lock is held
     frames = _Frames(fd_in)
     busy = 0.0
     failed = False
@@ -100,25 +104,27 @@ def run(store_path: str, fd_in: int, fd_out: int) -> int:
             busy += time.process_time() - t0
         else:
             error = "an earlier write failed"
-        _write_all(fd_out, msgpack.packb([group[-1][0], error, busy]))
+        acks_open = acks_open and _write_all(fd_out, msgpack.packb([group[-1][0], error, busy]))
     store.close()
     return 0
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> bool:
+    """False once nobody reads the acks (the binder is gone): the writing goes on without them."""
     view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m gosched.binder.writer_child STORE", file=sys.stderr)
+    if len(argv) != 3 or not argv[2].isdigit():
+        print("usage: python -m gosched.binder.writer_child STORE ACK_FD", file=sys.stderr)
         return 2
-    # The acks get stdout's pipe to themselves: anything else printed goes to stderr.
-    acks = os.dup(sys.stdout.fileno())
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return run(argv[1], sys.stdin.fileno(), acks)
+    return run(argv[1], sys.stdin.fileno(), int(argv[2]))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ answer before the batch is durable (a binder that dies then restarts, and every 
 the dispatcher's report, and every other answer the binder gives (what the agents launch, what
 the API shows), waits until it is. Calls from one actor to another arrive in the order they were
 sent, and BinderCore.requeue_shard (a lost shard's units taken back) waits for every report due
-before it, so it reaches the dispatcher after them. A writer that fails ends the binder's process:
-Ray restarts it, and it recovers from the store.
+before it, so it reaches the dispatcher after them; the driver flushes the binder before a
+dispatcher reload reads the store. A writer that fails or exits ends the binder's process (at once
+if the ack thread sees it, else at the next write): Ray restarts it, and it recovers from the
+store. An in-memory store (":memory:") has no writer: the binder writes it itself.
 
 Each of the binder and the dispatcher has an incarnation id, new at every (re)start and reload:
 the dispatcher ignores reports of a binder incarnation it has not been given (a restarted binder,
@@ -338,9 +340,15 @@ class BinderCore:
     the last incarnation is done), and answers nobody but the shards before a batch is durable."""
 
     def __init__(self, store_path: str, dispatcher: Any) -> None:
-        self.writer = StoreWriter(store_path, on_failure=_end_binder)
-        self.store = Store(store_path)
-        self.binder = Binder(self.store, writer=self.writer)
+        # An in-memory store is this process's alone: no other process could write it.
+        self.writer = None if store_path == ":memory:" else StoreWriter(store_path, on_failure=_end_binder)
+        try:
+            self.store = Store(store_path)
+            self.binder = Binder(self.store, writer=self.writer)
+        except BaseException:
+            if self.writer is not None:
+                self.writer.close()
+            raise
         self.dispatcher = dispatcher
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
@@ -374,14 +382,17 @@ class BinderCore:
         unschedulable = wire.pack(batch.unschedulable)
         report = self.dispatcher.report.remote
         incarnation = self.incarnation
-        self.writer.after_durable(lambda: report(verdicts, unschedulable, incarnation))
+        if self.writer is None:
+            report(verdicts, unschedulable, incarnation)
+        else:
+            self.writer.after_durable(lambda: report(verdicts, unschedulable, incarnation))
         segments, version, resync = self.packed.since(self.binder, batch.seen_version)
         self.busy_s += time.perf_counter() - t0
         return self.incarnation, verdicts, segments, version, resync
 
     def requeue_shard(self, shard_id: int) -> int:
         """A shard is lost: the dispatcher takes back its units, after every report sent before."""
-        self.writer.drain()
+        self.flush()
         return int(ray.get(self.dispatcher.requeue_in_flight.remote(shard_id, self.incarnation)))
 
     def changes_since(self, version: int) -> bytes:
@@ -392,8 +403,11 @@ class BinderCore:
         return out
 
     def process_stats(self) -> dict[str, float]:
-        """This process's figures, its store writer's CPU and memory included."""
+        """This process's figures, its store writer's CPU and memory included (peak: the sum of
+        the two processes' peaks, an upper bound of their joint peak)."""
         stats = process_stats(self.busy_s)
+        if self.writer is None or not self.writer.alive:
+            return stats
         cpu_s, rss_mib, peak_mib = child_stats(self.writer.pid)
         stats["cpu_s"] += cpu_s
         stats["rss_mib"] += rss_mib
@@ -419,19 +433,26 @@ class BinderCore:
             "version": self.binder.version,
             "commits": self.commits,
             "incarnation": self.incarnation,
-            "writer_pid": self.writer.pid,
-            "writer_busy_s": self.writer.busy_s,
+            "writer_pid": None if self.writer is None else self.writer.pid,
+            "writer_busy_s": 0.0 if self.writer is None else self.writer.busy_s,
         }
+
+    def flush(self) -> None:
+        """Return once every batch committed so far is durable and reported to the dispatcher:
+        before the dispatcher reads the store (its reload), or hears of a lost shard."""
+        if self.writer is not None:
+            self.writer.drain()
 
     def close(self) -> None:
         """Let the writer finish, and close the store (for a binder used outside an actor)."""
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         self.store.close()
 
     def _durable(self) -> Binder:
         """The binder, once every batch it committed is durable: what it tells beyond the shards
         (what runs where, for the agents and the API) must survive its crash."""
-        self.writer.drain()
+        self.flush()
         return self.binder
 
     # -- for the API (runtime/ray_control.py) ----------------------------------------------------------

@@ -431,6 +431,10 @@ class RayScheduler:
         for shard in self.shards:
             with contextlib.suppress(RayActorError):
                 ray.get(shard.quiesce.remote())
+        # A commit's answer leaves before its batch is durable: the binder's writer lands it (and
+        # its report) first. A binder that is restarting has recovered from the store once it answers.
+        with contextlib.suppress(RayActorError):
+            ray.get(self.binder.flush.remote())
         while True:
             try:
                 self.binder_incarnation = ray.get(self.binder.get_incarnation.remote())

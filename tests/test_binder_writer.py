@@ -5,10 +5,14 @@ import contextlib
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +24,7 @@ from gosched.common.messages import Placement, Proposal, ProposalBatch
 from gosched.common.node import Node
 from gosched.common.states import TaskState
 from gosched.common.store import Store
+from gosched.runtime.ray_actors import BinderCore
 from tests.builders import make_job, make_node
 from tests.test_binder import Clock, clusters, random_jobs, random_proposal
 
@@ -110,16 +115,17 @@ def test_a_killed_writer_is_told_and_the_binder_stops_trusting_its_memory(tmp_pa
     binder.add_nodes([make_node("n1").cpu("8").build()])
     os.kill(writer.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while writer._proc.poll() is None:
+    while not failures:  # the ack thread sees the writer gone, with nothing in flight
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    with pytest.raises(WriterFailed, match="took no more input"):
+    assert "store writer exited" in failures[0]
+    with pytest.raises(WriterFailed, match="exited"):
         binder.commit(ProposalBatch(0, 0, [pair("j0", "n1")]))  # applied in memory, never stored
     with pytest.raises(RuntimeError, match="new Binder"):
         binder.commit(ProposalBatch(0, 0, [pair("j1", "n1")]))
     with pytest.raises(RuntimeError, match="new Binder"):
         binder.release(["j0/0"], "succeeded")
-    assert len(failures) == 1 and "store writer" in failures[0]
+    assert len(failures) == 1
     binder.store.close()
     again = Binder(Store(db))  # the store's truth: the node, no binding
     assert again.resident("j0/0") is None and again.version == 1
@@ -224,3 +230,49 @@ def test_the_writer_writes_what_queued_meanwhile_in_one_transaction(tmp_path: Pa
     # At most the first frame alone, then groups of GROUP_FRAMES: far fewer acks than frames.
     assert writer.acks <= 2 + 500 // GROUP_FRAMES
     writer.close()
+
+
+def test_a_batch_that_cannot_be_packed_fails_alone_and_leaves_no_gap(tmp_path: Path) -> None:
+    db = tmp_path / "gs.db"
+    jobs_store(db, 2).close()
+    writer = StoreWriter(str(db))
+    with pytest.raises(TypeError):  # a numpy integer is not msgpack's: a caller's bug, told at once
+        writer.write(1, [("j0/0", "n", ((np.int64(0), 1000),))], [], 1.0)  # type: ignore[list-item]
+    writer.write(1, [("j1/0", "n", ((0, 1000),))], [], 1.0)
+    writer.drain(timeout_s=10)  # no seq was taken by the batch that failed: nothing to wait for
+    assert stored(db, "SELECT task_id FROM tasks WHERE state = 'bound'") == [("j1/0",)]
+    writer.close()
+    with pytest.raises(WriterFailed, match="closed"):
+        writer.write(2, [("j0/0", "n", ())], [], 2.0)
+
+
+def test_the_writer_writes_all_it_was_sent_when_nobody_reads_its_acks_any_more(tmp_path: Path) -> None:
+    # The binder's process is gone (its pipes closed): what it sent still reaches the store.
+    db = tmp_path / "gs.db"
+    jobs_store(db, 300).close()
+    ack_read, ack_write = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "gosched.binder.writer_child", str(db), str(ack_write)],
+        stdin=subprocess.PIPE,
+        pass_fds=(ack_write,),
+    )
+    os.close(ack_write)
+    assert msgpack.unpackb(os.read(ack_read, 64)) == [0, None, 0.0]  # ready
+    os.close(ack_read)  # nobody reads the acks from now on
+    assert child.stdin is not None
+    for n in range(300):
+        child.stdin.write(msgpack.packb([n + 1, n + 1, 1.0, [[f"j{n}/0", "n", []]], []]))
+    child.stdin.close()
+    assert child.wait(30) == 0
+    assert stored(db, "SELECT count(*) FROM tasks WHERE state = 'bound'") == [(300,)]
+    assert version_of(db) == 300
+
+
+def test_an_in_memory_store_has_no_writer_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    core = BinderCore(":memory:", dispatcher=None)
+    assert core.writer is None and core.stats()["writer_pid"] is None
+    core.add_nodes([make_node("n1").cpu("8").build()])
+    core.flush()  # nothing to wait for
+    assert core.binder.version == 1 and list(tmp_path.iterdir()) == []  # no lock file, no store file
+    core.close()

@@ -332,7 +332,8 @@ def test_a_failed_start_removes_the_store_before_the_lock_file(
     order: list[Path] = []
     monkeypatch.setattr(server, "_remove_new", lambda paths: order.extend(paths))
     server._undo_start(db, log_root, made, store_new=True)
-    store_files = [db, db.with_name("gosched.db-wal"), db.with_name("gosched.db-shm")]
+    ends = ("", "-wal", "-shm", ".writer.lock")  # the binder's writer's lock: the store's too
+    store_files = [db.with_name("gosched.db" + end) for end in ends]
     assert order == [*store_files, log_root, lock, tmp_path / "new"]
     order.clear()
     server._undo_start(db, log_root, made, store_new=False)  # an existing store is never removed
