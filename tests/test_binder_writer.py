@@ -46,10 +46,16 @@ def jobs_store(path: Path, count: int) -> Store:
     return store
 
 
-def test_batches_become_durable_in_order_and_each_callback_sees_its_batch_stored(tmp_path: Path) -> None:
+def writer_on(tmp_path: Path, jobs: int, failures: list[str] | None = None) -> tuple[Path, StoreWriter]:
+    """A store holding jobs j0..j{jobs-1} (two tasks each, pending), and a writer on it whose
+    failures, if a list is given, go onto it."""
     db = tmp_path / "gs.db"
-    jobs_store(db, 200).close()
-    writer = StoreWriter(str(db))
+    jobs_store(db, jobs).close()
+    return db, StoreWriter(str(db), on_failure=None if failures is None else failures.append)
+
+
+def test_batches_become_durable_in_order_and_each_callback_sees_its_batch_stored(tmp_path: Path) -> None:
+    db, writer = writer_on(tmp_path, 200)
     seen: list[tuple[int, int, str]] = []  # (callback number, stored version, stored state of j{n}/0)
 
     def note(n: int) -> None:
@@ -73,9 +79,7 @@ def test_batches_become_durable_in_order_and_each_callback_sees_its_batch_stored
 
 
 def test_a_callback_with_nothing_in_flight_still_runs_after_the_earlier_ones(tmp_path: Path) -> None:
-    db = tmp_path / "gs.db"
-    jobs_store(db, 1).close()
-    writer = StoreWriter(str(db))
+    _, writer = writer_on(tmp_path, 1)
     order: list[str] = []
     writer.write(1, [("j0/0", "n", ())], [], 1.0)
     writer.after_durable(lambda: order.append("bound"))
@@ -87,10 +91,8 @@ def test_a_callback_with_nothing_in_flight_still_runs_after_the_earlier_ones(tmp
 
 
 def test_a_binding_of_a_task_the_store_lacks_fails_the_writer_and_is_not_written(tmp_path: Path) -> None:
-    db = tmp_path / "gs.db"
-    jobs_store(db, 1).close()
     failures: list[str] = []
-    writer = StoreWriter(str(db), on_failure=failures.append)
+    db, writer = writer_on(tmp_path, 1, failures)
     ran: list[int] = []
     writer.write(1, [("j0/0", "n", ()), ("ghost/0", "n", ())], [], 1.0)
     with contextlib.suppress(WriterFailed):  # the writer may have failed already
@@ -107,10 +109,8 @@ def test_a_binding_of_a_task_the_store_lacks_fails_the_writer_and_is_not_written
 
 
 def test_a_killed_writer_is_told_and_the_binder_stops_trusting_its_memory(tmp_path: Path) -> None:
-    db = tmp_path / "gs.db"
-    jobs_store(db, 3).close()
     failures: list[str] = []
-    writer = StoreWriter(str(db), on_failure=failures.append)
+    db, writer = writer_on(tmp_path, 3, failures)
     binder = Binder(Store(db), clock=Clock(), writer=writer)
     binder.add_nodes([make_node("n1").cpu("8").build()])
     os.kill(writer.pid, signal.SIGKILL)
@@ -155,9 +155,7 @@ def test_a_new_writer_starts_only_once_the_last_one_wrote_all_it_was_sent(tmp_pa
 
 
 def test_a_query_waits_for_durability_while_a_commit_does_not(tmp_path: Path) -> None:
-    db = tmp_path / "gs.db"
-    jobs_store(db, 50).close()
-    writer = StoreWriter(str(db))
+    db, writer = writer_on(tmp_path, 50)
     binder = Binder(Store(db), clock=Clock(), writer=writer)
     binder.add_nodes([make_node(f"n{i}").cpu("64").build() for i in range(5)])
     for i in range(50):
@@ -213,9 +211,7 @@ def test_a_binder_with_a_writer_answers_and_recovers_as_one_without(
 
 
 def test_the_writer_writes_what_queued_meanwhile_in_one_transaction(tmp_path: Path) -> None:
-    db = tmp_path / "gs.db"
-    jobs_store(db, 500).close()
-    writer = StoreWriter(str(db))
+    db, writer = writer_on(tmp_path, 500)
     heard: list[int] = []
     blocker = sqlite3.connect(db, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the writer's first transaction waits on this one
@@ -233,9 +229,7 @@ def test_the_writer_writes_what_queued_meanwhile_in_one_transaction(tmp_path: Pa
 
 
 def test_a_batch_that_cannot_be_packed_fails_alone_and_leaves_no_gap(tmp_path: Path) -> None:
-    db = tmp_path / "gs.db"
-    jobs_store(db, 2).close()
-    writer = StoreWriter(str(db))
+    db, writer = writer_on(tmp_path, 2)
     with pytest.raises(TypeError):  # a numpy integer is not msgpack's: a caller's bug, told at once
         writer.write(1, [("j0/0", "n", ((np.int64(0), 1000),))], [], 1.0)  # type: ignore[list-item]
     writer.write(1, [("j1/0", "n", ((0, 1000),))], [], 1.0)
