@@ -119,7 +119,7 @@ def _binder(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
     pipeline.run_until_idle()
     pipeline.store.close()
 
-    core = BinderCore(str(tmp / "binder.db"), _NoDispatcher())
+    core = BinderCore(str(tmp / "binder.db"), _NoDispatcher(), on_writer_failure=None)
     core.add_nodes(cluster)
     core.store.add_jobs(jobs)  # stored at submission by the dispatcher, as in the running system
     gc.collect()
@@ -148,7 +148,9 @@ def _shard(tasks: int, nodes: int, tmp: Path) -> list[BodyCost]:
     ShardCore.run_once does them unpipelined, and a second shard's view taking the changes."""
     settings = Settings(store_path=str(tmp / "shard.db"), shards=1)
     dispatcher = DispatcherCore(settings)
-    binder = BinderCore(settings.store_path, _NoDispatcher())  # verdicts reach the dispatcher below
+    binder = BinderCore(
+        settings.store_path, _NoDispatcher(), on_writer_failure=None
+    )  # verdicts reach the dispatcher below
     cluster = sim_nodes(nodes, gpu_every=0)
     binder.add_nodes(cluster)
     dispatcher.set_nodes(cluster, binder.cluster()[1])

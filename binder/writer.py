@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Gpus = tuple[tuple[int, int], ...]
 PIPE_BYTES = 1 << 20  # room for several batches in the pipe, so the binder rarely waits on it
+START_TIMEOUT_S = 120.0  # for a previous writer to finish, and for a new one to say it is ready
 
 
 class WriterFailed(RuntimeError):
@@ -52,7 +53,7 @@ class StoreWriter:
         store_path: str,
         *,
         on_failure: Callable[[str], None] | None = None,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.store_path = store_path
         self.on_failure = on_failure
@@ -65,6 +66,9 @@ class StoreWriter:
                 pass_fds=(ack_write,),
                 start_new_session=True,  # a Ctrl-C at the terminal is the binder's to handle, not its
             )
+        except BaseException:
+            os.close(ack_read)
+            raise
         finally:
             os.close(ack_write)
         assert self._proc.stdin is not None
@@ -79,6 +83,7 @@ class StoreWriter:
         except BaseException:
             self._proc.kill()
             self._proc.wait()
+            self._proc.stdin.close()
             os.close(ack_read)
             raise
         self._cond = threading.Condition()
@@ -187,9 +192,11 @@ class StoreWriter:
         """Wait for the writer's first ack: from then on it holds the writer lock, so a binder
         restarted after this one dies waits for it (wait_for_previous_writer)."""
         deadline = time.monotonic() + timeout_s
+        poller = select.poll()  # not select(): a busy process may hold descriptors past 1024
+        poller.register(self._ack_fd, select.POLLIN)
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._ack_fd], [], [], left)[0]:
+            if left <= 0 or not poller.poll(left * 1000):
                 raise WriterFailed(
                     f"the store writer for {self.store_path} was not ready in {timeout_s:.0f} s"
                 )
@@ -254,16 +261,20 @@ class StoreWriter:
             self.failure = why
             self._callbacks.clear()  # their outcomes never became durable: nobody may hear of them
         log.critical("%s", why)
-        if self.on_failure is not None:
-            self.on_failure(why)
-        with self._cond:  # a drain() waiting returns once the failure has been handled
-            self._cond.notify_all()
+        try:
+            if self.on_failure is not None:
+                self.on_failure(why)
+        finally:
+            with self._cond:  # a drain() already waiting returns once on_failure has run
+                self._cond.notify_all()
 
 
 def wait_for_previous_writer(store_path: str, timeout_s: float) -> None:
     """Return once no writer process holds the store's writer lock (a crashed binder's writer
     finishes what it was sent first): recovering before that would miss its last batches."""
     deadline = time.monotonic() + timeout_s
+    if not os.path.isdir(os.path.dirname(os.path.abspath(store_path))):
+        return  # no folder, no store: nobody can be writing it
     with open(lock_path(store_path), "a+") as lock:
         while True:
             try:

@@ -42,7 +42,7 @@ import os
 import resource
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -74,6 +74,8 @@ ACTOR_CPUS = 0
 LATENCY_KEEP = 100_000
 # The binder's exit code when its store writer fails: Ray restarts it, and it recovers from the store.
 WRITER_FAILED_EXIT = 70
+# Store paths SQLite opens as a private in-memory database, one per connection.
+IN_MEMORY = ("", ":memory:")
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,10 @@ class DispatcherCore:
         self._build()
         self.binder = binder
         self.binder_incarnation = binder_incarnation
+        return self.incarnation
+
+    def ping(self) -> str:
+        """Answered once every call sent to this actor before it by the same caller has run."""
         return self.incarnation
 
     def set_binder(self, binder: Any, binder_incarnation: str) -> str:
@@ -339,9 +345,20 @@ class BinderCore:
     """The binder actor's body: recovers from the store at every (re)start (after the writer of
     the last incarnation is done), and answers nobody but the shards before a batch is durable."""
 
-    def __init__(self, store_path: str, dispatcher: Any) -> None:
+    def __init__(
+        self,
+        store_path: str,
+        dispatcher: Any,
+        *,
+        on_writer_failure: Callable[[str], None] | None = _end_binder,
+    ) -> None:
+        """`on_writer_failure`: what a failed writer does beyond making every later call fail. In
+        the actor, the process ends so that Ray restarts it from the store; a binder used in
+        another process (the benchmarks) passes None."""
         # An in-memory store is this process's alone: no other process could write it.
-        self.writer = None if store_path == ":memory:" else StoreWriter(store_path, on_failure=_end_binder)
+        self.writer = (
+            None if store_path in IN_MEMORY else StoreWriter(store_path, on_failure=on_writer_failure)
+        )
         try:
             self.store = Store(store_path)
             self.binder = Binder(self.store, writer=self.writer)
@@ -438,10 +455,16 @@ class BinderCore:
         }
 
     def flush(self) -> None:
-        """Return once every batch committed so far is durable and reported to the dispatcher:
-        before the dispatcher reads the store (its reload), or hears of a lost shard."""
+        """Return once every batch committed so far is durable and its report sent."""
         if self.writer is not None:
             self.writer.drain()
+
+    def settle(self) -> None:
+        """Return once every batch committed so far is durable and its report has been taken by
+        the dispatcher (calls from one actor run in the order sent): before a dispatcher reload,
+        which the driver sends, reads the store."""
+        self.flush()
+        ray.get(self.dispatcher.ping.remote())
 
     def close(self) -> None:
         """Let the writer finish, and close the store (for a binder used outside an actor)."""

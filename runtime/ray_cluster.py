@@ -36,12 +36,13 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from gosched.binder.writer import START_TIMEOUT_S, wait_for_previous_writer
 from gosched.common.config import Settings
 from gosched.common.job import Job
 from gosched.common.node import Node, keep_operator_states
 from gosched.common.states import TaskState
 from gosched.runtime.control import SchedulerFailure, describe_error
-from gosched.runtime.ray_actors import make_actor_classes
+from gosched.runtime.ray_actors import IN_MEMORY, make_actor_classes
 
 # Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
 IDLE_POLL_S = 0.005
@@ -200,6 +201,10 @@ class RayScheduler:
         if not ray.is_initialized():
             _start_ray(address)
             self._own_ray = True
+        if settings.store_path not in IN_MEMORY:
+            # A writer of a binder of an earlier master (gone with its head node, say) may still be
+            # writing its last batches: the dispatcher and the binder load the store after it.
+            wait_for_previous_writer(settings.store_path, START_TIMEOUT_S)
         dispatcher_cls, binder_cls, shard_cls = make_actor_classes()
         # The shards may run anywhere; the two that open the store only where the store is.
         here = _on_this_node()
@@ -431,10 +436,10 @@ class RayScheduler:
         for shard in self.shards:
             with contextlib.suppress(RayActorError):
                 ray.get(shard.quiesce.remote())
-        # A commit's answer leaves before its batch is durable: the binder's writer lands it (and
-        # its report) first. A binder that is restarting has recovered from the store once it answers.
+        # A commit's answer leaves before its batch is durable: the binder's writer lands it and the
+        # dispatcher takes its report first. A restarting binder has recovered once it answers.
         with contextlib.suppress(RayActorError):
-            ray.get(self.binder.flush.remote())
+            ray.get(self.binder.settle.remote())
         while True:
             try:
                 self.binder_incarnation = ray.get(self.binder.get_incarnation.remote())
