@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -255,3 +256,42 @@ def test_a_relative_store_path_is_the_masters_not_the_actors(
         assert [job.id for job, _ in stored.load_jobs()] == ["mine"]
     finally:
         stored.close()
+
+
+def test_the_dispatcher_hears_of_no_binding_before_it_is_stored_and_a_crash_then_loses_none(
+    tmp_path: Path,
+) -> None:
+    # The store is held by another connection: the binder's writer cannot write, the shards still
+    # have their answers and the binder runs ahead in memory; the dispatcher must hear of nothing
+    # the store lacks. Then the binder dies with its batches unwritten, and every job still binds once.
+    rs = scheduler(tmp_path, sim_nodes(200), batch_size=100)
+    blocker = sqlite3.connect(tmp_path / "gosched.db", isolation_level=None)
+    seen: dict[str, int] = {}
+    try:
+        jobs = basic_jobs(3000)
+        rs.submit_many(jobs)
+
+        def on_round(n: int) -> None:
+            if n == 1:
+                blocker.execute("BEGIN IMMEDIATE")  # the writer's next transaction waits on it
+            if n == 6 and not seen:
+                time.sleep(0.5)  # reports due by now have arrived
+                seen["heard"] = ray.get(rs.dispatcher.stats.remote())["bound_tasks"]
+                seen["stored"] = blocker.execute(
+                    "SELECT count(*) FROM tasks WHERE state = 'bound'"
+                ).fetchone()[0]
+                seen["stored_version"] = int(
+                    blocker.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0]
+                )
+                seen["binder_version"] = ray.get(rs.binder.stats.remote())["version"]
+                ray.kill(rs.binder, no_restart=False)
+                blocker.execute("ROLLBACK")
+
+        rs.run_until_idle(timeout=120, on_round=on_round)
+        assert seen["binder_version"] > seen["stored_version"]  # the binder had run ahead of the store
+        assert seen["heard"] <= seen["stored"]  # and the dispatcher had heard only of what was stored
+        assert rs.stats()["control_recoveries"] >= 1
+        assert_all_bound_once(rs, jobs)
+    finally:
+        blocker.close()
+        rs.shutdown()
