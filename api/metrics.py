@@ -61,6 +61,17 @@ class SchedulerMetrics:
         )
         conflicts.add_metric([], status.binder_conflicts)
         yield conflicts
+        unwritten = GaugeMetricFamily(
+            "gosched_binder_unwritten_batches",
+            "Batches the binder applied that its store writer has not made durable yet",
+        )
+        unwritten.add_metric([], status.unwritten_batches)
+        yield unwritten
+        writer_cpu = CounterMetricFamily(
+            "gosched_binder_writer_cpu_seconds", "CPU seconds the binder's store writer spent writing"
+        )
+        writer_cpu.add_metric([], status.writer_cpu_seconds)
+        yield writer_cpu
         rounds = CounterMetricFamily("gosched_scheduling_rounds", "Scheduling rounds that dispatched work")
         rounds.add_metric([], status.rounds)
         yield rounds

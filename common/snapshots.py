@@ -53,3 +53,7 @@ class Counters:
     binder_conflicts: int = 0
     binder_version: int = 0
     shards: int = 0
+    # The binder's store writer (on Ray): batches the binder applied that are not durable yet, and
+    # the CPU seconds it has spent writing (since the binder's last start).
+    unwritten_batches: int = 0
+    writer_cpu_seconds: float = 0.0

@@ -452,6 +452,7 @@ class BinderCore:
             "incarnation": self.incarnation,
             "writer_pid": None if self.writer is None else self.writer.pid,
             "writer_busy_s": 0.0 if self.writer is None else self.writer.busy_s,
+            "writer_pending": 0 if self.writer is None else self.writer.pending,
         }
 
     def flush(self) -> None:

@@ -512,7 +512,10 @@ class RayControl:
     @_answered()
     def counters(self) -> Counters:
         d, b = self.rs.dispatcher, self.rs.binder
-        counts, stats, usage = ray.get([d.counts.remote(), d.stats.remote(), b.usage.remote()])
+        # The binder's stats before its usage, which waits for its writer (they run in this order).
+        counts, stats, binder, usage = ray.get(
+            [d.counts.remote(), d.stats.remote(), b.stats.remote(), b.usage.remote()]
+        )
         return Counters(
             **usage,
             active_jobs=counts["active"],
@@ -522,6 +525,8 @@ class RayControl:
             bound_tasks=stats["bound_tasks"],
             binder_conflicts=stats["rejected_units"],
             shards=len(self.rs.shards),
+            unwritten_batches=binder["writer_pending"],
+            writer_cpu_seconds=binder["writer_busy_s"],
         )
 
     @_answered()

@@ -334,6 +334,8 @@ def test_http_endpoints(server: ServerHandle, client: Client) -> None:
         "gosched_pending_tasks ",
         "gosched_bound_tasks_total ",
         "gosched_binder_conflicts_total ",
+        "gosched_binder_unwritten_batches 0.0",  # in process: the binder writes its store itself
+        "gosched_binder_writer_cpu_seconds_total 0.0",
         "gosched_scheduling_rounds_total ",
         'gosched_bind_latency_seconds_bucket{le="+Inf"} ',
         'gosched_queue_share{queue="default"} ',

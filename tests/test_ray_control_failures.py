@@ -2,6 +2,7 @@
 store's actors run, what an idle master costs, and a component that stops answering for a while."""
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,5 +181,26 @@ def test_a_restarting_binder_makes_the_master_not_ready_until_it_answers_again(t
         while service.get(job_id).state.value != "running":
             assert time.monotonic() < deadline
             time.sleep(0.05)
+    finally:
+        handle.stop()
+
+
+def test_the_binders_store_writer_shows_in_the_metrics_of_a_master_on_ray(tmp_path: Path) -> None:
+    handle = master(tmp_path)
+    try:
+        service = handle.service
+        job_id, _ = service.submit(make_job("metered").cpu("1").build())
+        deadline = time.monotonic() + 30
+        while service.get(job_id).state.value != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{handle.http_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            lines = reply.read().decode().splitlines()
+        value = {
+            line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("gosched_binder_")
+        }
+        assert value["gosched_binder_unwritten_batches"] >= 0
+        assert value["gosched_binder_writer_cpu_seconds_total"] > 0  # it wrote the binding
     finally:
         handle.stop()
