@@ -33,9 +33,10 @@ class SchedulerMetrics:
 
     def collect(self) -> Iterator[Metric]:
         s = self.service
-        ready = GaugeMetricFamily("gosched_ready", "1 when the scheduler is ready to serve")
-        ready.add_metric([], 1.0 if s.ready else 0.0)
-        yield ready
+        # A family given `value` carries that one unlabelled sample (prometheus_client's own form).
+        yield GaugeMetricFamily(
+            "gosched_ready", "1 when the scheduler is ready to serve", value=float(s.ready)
+        )
         if not s.ready:
             return
         try:
@@ -44,37 +45,34 @@ class SchedulerMetrics:
             queues = s.queues()
         except (Unavailable, ControlUnavailable):  # a component stopped answering meanwhile
             return
-        pending = GaugeMetricFamily("gosched_pending_tasks", "Tasks waiting to be placed")
-        pending.add_metric([], pending_tasks)
-        yield pending
-        pending_jobs = GaugeMetricFamily("gosched_pending_jobs", "Jobs waiting for dispatch")
-        pending_jobs.add_metric([], status.pending_jobs)
-        yield pending_jobs
-        active = GaugeMetricFamily("gosched_active_jobs", "Jobs with a task not yet ended")
-        active.add_metric([], status.active_jobs)
-        yield active
-        bound = CounterMetricFamily("gosched_bound_tasks", "Tasks bound to a node by the binder")
-        bound.add_metric([], status.bound_tasks)
-        yield bound
-        conflicts = CounterMetricFamily(
-            "gosched_binder_conflicts", "Units the binder refused whole (optimistic-concurrency conflicts)"
+        yield GaugeMetricFamily("gosched_pending_tasks", "Tasks waiting to be placed", value=pending_tasks)
+        yield GaugeMetricFamily(
+            "gosched_pending_jobs", "Jobs waiting for dispatch", value=status.pending_jobs
         )
-        conflicts.add_metric([], status.binder_conflicts)
-        yield conflicts
-        unwritten = GaugeMetricFamily(
+        yield GaugeMetricFamily(
+            "gosched_active_jobs", "Jobs with a task not yet ended", value=status.active_jobs
+        )
+        yield CounterMetricFamily(
+            "gosched_bound_tasks", "Tasks bound to a node by the binder", value=status.bound_tasks
+        )
+        yield CounterMetricFamily(
+            "gosched_binder_conflicts",
+            "Units the binder refused whole (optimistic-concurrency conflicts)",
+            value=status.binder_conflicts,
+        )
+        yield GaugeMetricFamily(
             "gosched_binder_unwritten_batches",
             "Batches the binder applied that its store writer has not made durable yet",
+            value=status.unwritten_batches,
         )
-        unwritten.add_metric([], status.unwritten_batches)
-        yield unwritten
-        writer_cpu = CounterMetricFamily(
-            "gosched_binder_writer_cpu_seconds", "CPU seconds the binder's store writer spent writing"
+        yield CounterMetricFamily(
+            "gosched_binder_writer_cpu_seconds",
+            "CPU seconds the binder's store writer spent writing",
+            value=status.writer_cpu_seconds,
         )
-        writer_cpu.add_metric([], status.writer_cpu_seconds)
-        yield writer_cpu
-        rounds = CounterMetricFamily("gosched_scheduling_rounds", "Scheduling rounds that dispatched work")
-        rounds.add_metric([], status.rounds)
-        yield rounds
+        yield CounterMetricFamily(
+            "gosched_scheduling_rounds", "Scheduling rounds that dispatched work", value=status.rounds
+        )
         nodes = GaugeMetricFamily("gosched_nodes", "Live nodes, by schedulability", labels=["schedulable"])
         nodes.add_metric(["true"], status.schedulable_nodes)
         nodes.add_metric(["false"], status.nodes - status.schedulable_nodes)
