@@ -33,10 +33,10 @@ import msgpack
 
 from gosched.binder.writer_child import lock_path
 from gosched.common.states import TaskState
+from gosched.common.store import Gpus
 
 log = logging.getLogger(__name__)
 
-Gpus = tuple[tuple[int, int], ...]
 PIPE_BYTES = 1 << 20  # room for several batches in the pipe, so the binder rarely waits on it
 START_TIMEOUT_S = 120.0  # for a previous writer to finish, and for a new one to say it is ready
 
