@@ -4,6 +4,11 @@
     BinderCore(store_path, dispatcher)   wraps Binder; owns the Store and the store writer process
     ShardCore(shard_id, profile, dispatcher, binder)    wraps SchedulerShard and runs its loop
 
+The actors are named (`NamedActor`), and a constructor gets the others by name, not by handle: Ray
+counts a handle among a restartable actor's constructor arguments as an object-store argument,
+which it does not promise to keep for the restarts (ray-project/ray#53727), and logs an error line
+for each at every start. A name is a plain string, looked up again at every (re)start.
+
 Messages travel pickled (gosched.common.wire), one message per batch, never one per task. One
 shard round (ShardCore.run_once), with its shard planning while the others plan too:
 
@@ -43,6 +48,7 @@ import resource
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -113,6 +119,22 @@ def child_stats(pid: int) -> tuple[float, float, float]:
         return int(value[0]) / 1024 if value else 0.0
 
     return cpu_s, mib("VmRSS"), mib("VmHWM")
+
+
+@dataclass(frozen=True, slots=True)
+class NamedActor:
+    """An actor as its name (see the module docstring): what a constructor gets for another actor."""
+
+    name: str
+    namespace: str
+
+    def handle(self) -> Any:
+        return ray.get_actor(self.name, namespace=self.namespace)
+
+
+def _handle(actor: Any) -> Any:
+    """A handle for `actor`: a NamedActor looked up, anything else (a handle, a stand-in) as it is."""
+    return actor.handle() if isinstance(actor, NamedActor) else actor
 
 
 def _end_binder(why: str) -> None:
@@ -366,7 +388,7 @@ class BinderCore:
             if self.writer is not None:
                 self.writer.close()
             raise
-        self.dispatcher = dispatcher
+        self.dispatcher = _handle(dispatcher)
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
         self.busy_s = 0.0  # time in commit and changes_since
@@ -519,8 +541,8 @@ class ShardCore:
     def __init__(self, shard_id: int, profile: ProfileConfig, dispatcher: Any, binder: Any) -> None:
         self.shard_id = shard_id
         self.profile = profile
-        self.dispatcher = dispatcher
-        self.binder = binder
+        self.dispatcher = _handle(dispatcher)
+        self.binder = _handle(binder)
         self.shard = SchedulerShard(shard_id, profile)
         self.ready = False
         self.rounds = 0

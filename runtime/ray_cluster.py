@@ -29,6 +29,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ from gosched.common.job import Job
 from gosched.common.node import Node, keep_operator_states
 from gosched.common.states import TaskState
 from gosched.runtime.control import SchedulerFailure, describe_error
-from gosched.runtime.ray_actors import IN_MEMORY, make_actor_classes
+from gosched.runtime.ray_actors import IN_MEMORY, NamedActor, make_actor_classes
 
 # Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
 IDLE_POLL_S = 0.005
@@ -194,6 +195,14 @@ def _on_this_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
+def _actor_names(shards: int) -> list[NamedActor]:
+    """Names for one master's actors, in its driver's namespace: dispatcher, binder, each shard."""
+    prefix = f"gosched-{uuid.uuid4().hex[:12]}"
+    namespace = ray.get_runtime_context().namespace
+    roles = ["dispatcher", "binder", *(f"shard-{i}" for i in range(shards))]
+    return [NamedActor(f"{prefix}-{role}", namespace) for role in roles]
+
+
 class RayScheduler:
     def __init__(self, settings: Settings, nodes: Sequence[Node] = (), address: str | None = None) -> None:
         self.settings = settings
@@ -206,18 +215,24 @@ class RayScheduler:
             # writing its last batches: the dispatcher and the binder load the store after it.
             wait_for_previous_writer(settings.store_path, START_TIMEOUT_S)
         dispatcher_cls, binder_cls, shard_cls = make_actor_classes()
+        # Named per master (two may share a Ray cluster): the constructors get each other by name.
+        names = _actor_names(settings.shards)
         # The shards may run anywhere; the two that open the store only where the store is.
         here = _on_this_node()
-        self.dispatcher = dispatcher_cls.options(scheduling_strategy=here).remote(settings)
-        self.binder = binder_cls.options(scheduling_strategy=here).remote(
-            settings.store_path, self.dispatcher
-        )
+        self.dispatcher = dispatcher_cls.options(
+            scheduling_strategy=here, name=names[0].name, namespace=names[0].namespace
+        ).remote(settings)
+        self.binder = binder_cls.options(
+            scheduling_strategy=here, name=names[1].name, namespace=names[1].namespace
+        ).remote(settings.store_path, names[0])
         self.binder_incarnation: str = ray.get(self.binder.get_incarnation.remote())
         self.dispatcher_incarnation: str = ray.get(
             self.dispatcher.set_binder.remote(self.binder, self.binder_incarnation)
         )
         self.shards = [
-            shard_cls.remote(i, settings.profile, self.dispatcher, self.binder)
+            shard_cls.options(name=names[2 + i].name, namespace=names[2 + i].namespace).remote(
+                i, settings.profile, names[0], names[1]
+            )
             for i in range(settings.shards)
         ]
         self.counters = {
