@@ -1,7 +1,9 @@
 """Admission control: a global cap on pending jobs and a token bucket per tenant.
 
 `admit` either takes what a submission needs (all of it) or raises AdmissionRejected naming the
-limit, the numbers and, for the bucket, when to retry; nothing is taken on a rejection.
+limit, the numbers and, for the bucket, when to retry; nothing is taken on a rejection. A caller
+that may still refuse the jobs after admission (the dispatcher, when the store refuses them) calls
+`check` first, which raises the same way and takes nothing, and `take` once the jobs are in.
 """
 
 import time
@@ -63,10 +65,15 @@ class AdmissionController:
 
         `pending_now` is the number of jobs already admitted and not yet placed.
         """
+        self.take(self.check(tenants, pending_now))
+
+    def check(self, tenants: Iterable[str], pending_now: int) -> Counter[str]:
+        """As `admit`, but take nothing: raise AdmissionRejected, or return the tokens per tenant
+        for `take`, which must come before any other check or admit (they are there until then)."""
         need = Counter(tenants)
         total = sum(need.values())
         if not total:
-            return
+            return need
         limit = self.config.max_pending_jobs
         if pending_now + total > limit:
             raise AdmissionRejected(
@@ -88,5 +95,9 @@ class AdmissionController:
                     f"(rate {b.rate:g}/s, burst {b.burst:,}); retry after {wait:.3f}s",
                     retry_after_s=wait,
                 )
+        return need
+
+    def take(self, need: Counter[str]) -> None:
+        """Take the tokens `check` found there."""
         for tenant, n in need.items():
-            self._buckets[tenant].take(n)
+            self.bucket(tenant).take(n)

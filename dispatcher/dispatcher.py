@@ -45,7 +45,7 @@ from dataclasses import replace
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.job import Job, split_task_id, task_id
-from gosched.common.messages import BindReply, QueueFloor, Unit, UnitBatch, Unschedulable
+from gosched.common.messages import BindReply, QueueFloor, RejectedUnit, Unit, UnitBatch, Unschedulable
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
@@ -186,7 +186,8 @@ class Dispatcher:
             ids.append(job.id)
         if not new:
             return ids
-        self.admission.admit((j.tenant for j in new), self._waiting + self._inflight)
+        # Tokens are taken only once the jobs are stored: a submission the store refuses takes none.
+        tokens = self.admission.check((j.tenant for j in new), self._waiting + self._inflight)
         if self.store is not None:
             try:
                 self.store.add_jobs(new)
@@ -198,6 +199,7 @@ class Dispatcher:
                 if len(jobs) > 1 and at:
                     field = f"jobs[{at[0]}].{field}"  # which of the batch
                 raise SpecError(field, f"{exc.reason} (ids must be new: it already exists)") from exc
+        self.admission.take(tokens)
         for job in new:
             self._register(job, [PENDING] * job.total_replicas)
         return ids
@@ -549,6 +551,11 @@ class Dispatcher:
         # Whole units bound as dispatched (the common case) move from in flight to held in one
         # step per queue and tenant at the end, without the per-task transition checks of _apply.
         committed: dict[tuple[str, str], list[int]] = {}
+        # The binder's refusals by job: of a unit bound in part (an elastic job), they tell the
+        # accepted loop that the tasks left were refused, not left unplaced by the shard.
+        refused: dict[str, list[RejectedUnit]] = {}
+        for rej in reply.rejected:
+            refused.setdefault(rej.job_id, []).append(rej)
         for acc in reply.accepted:
             rec = jobs.get(acc.job_id)
             if rec is None:
@@ -567,9 +574,17 @@ class Dispatcher:
             self._apply(rec, changes, updates)
             if rec.where is INFLIGHT:
                 if rec.n_scheduled:
-                    # tasks of the unit that the shard did not place: it could not fit them
                     self._apply(rec, [(i, PENDING) for i in rec.indexes_in(SCHEDULED)], updates)
-                    rec.unsched = True
+                    why = refused.get(rec.job_id)
+                    if why:
+                        # The binder refused the rest: a race for the room (another shard took
+                        # it), not unschedulable. Queued again at once, as a unit refused whole
+                        # is; the rejected loop below skips the job once resolved, so its
+                        # reason is kept here.
+                        rec.note = _refused_in_part(rec.attempt, why)
+                    else:
+                        # tasks of the unit that the shard did not place: it could not fit them
+                        rec.unsched = True
                 if not rec.unsched:
                     rec.failures = 0
                 self._resolve(rec, now, backoff=rec.unsched)
@@ -1005,7 +1020,11 @@ class Dispatcher:
         (explain says why they wait) and cancellable, never scheduled."""
         if self.store is None:
             return 0
-        loaded = sorted(self.store.load_jobs(), key=lambda item: item[0].submit_time)
+        # In the store's order, which is submission order (JobStore.load_jobs): the sequence numbers
+        # given here keep FIFO order (and every policy's tie-break) as it was before the restart. Not
+        # by submit_time: a client may give a past one, and policies that read it (priority aging,
+        # deadlines) read it from the job, not from this order.
+        loaded = self.store.load_jobs()
         failures = self.store.load_failures()  # what explain said of a task failure, before
         updates: Updates = []
         restored = 0
@@ -1228,6 +1247,14 @@ def _summary(job: Job, state: JobState, states: Sequence[TaskState]) -> str:
         counts[s.value] = counts.get(s.value, 0) + 1
     tasks = ", ".join(f"{n} {st}" for st, n in counts.items())
     return f"job {job.id} (queue {job.queue}, tenant {job.tenant}): {state.value}; tasks: {tasks}"
+
+
+def _refused_in_part(attempt: int, refusals: Sequence[RejectedUnit]) -> str:
+    """The note of a unit the binder bound in part and refused in part (one stage or more)."""
+    said = "; ".join(
+        f"task(s) {', '.join(map(str, r.task_indexes))} ({r.stage}): {r.reason}" for r in refusals
+    )
+    return f"attempt {attempt} rejected in part by the binder, retried at once: {said}"
 
 
 def backoff_delay(base: float, cap: float, failures: int) -> float:
