@@ -3,11 +3,13 @@
 Per node (as kube-scheduler does): remove every eligible victim, check the task fits, then reprieve
 victims from the most important down while it still fits. A victim set is priced (Pricer) with
 the gangs it breaks, and refused if it breaks a disruption budget or takes a queue below its
-guarantee floor. The candidate nodes are then ordered by
+guarantee floor; then the search runs once more with the victims those rules protect reprieved
+first (kube-scheduler reprieves its PDB-violating pods first). The candidate nodes are ordered by
 the profile's CandidateSorting plugins. A victim evicted by an earlier proposal of this shard is
 already gone from the view, so it is never claimed twice; across shards the binder checks.
 """
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 import numpy as np
@@ -189,6 +191,10 @@ class Pricer:
         """Evicting `r` costs just `r` and breaks no rule: no budget, no gang, no floor."""
         return r.disruption_budget is None and r.min_member <= 1 and not self._floored(r)
 
+    def ruled(self, r: Resident) -> bool:
+        """A rule (its job's disruption budget, its queue's floor) may refuse evicting `r`."""
+        return r.disruption_budget is not None or self._floored(r)
+
     def census(self) -> Census:
         if self.ctx.census is None:
             self.ctx.census = Census(self.state, self.ctx)
@@ -277,7 +283,8 @@ def victims_on_row(
     gang breaks take; None if none does or the set breaks a budget or a queue floor."""
     tc = entry.tc
     req = tc.request
-    if not req.wants_gpu and not req.extended and not any(r.gpus or r.extended for r in eligible):
+    arithmetic = not req.wants_gpu and not req.extended and not any(r.gpus or r.extended for r in eligible)
+    if arithmetic:
         victims = _cpu_memory_victims(tc, state, row, eligible)
     else:
         victims = _victims_by_trial(entry, state, row, eligible)
@@ -285,8 +292,23 @@ def victims_on_row(
         return None
     price = pricer.price(victims)
     if price is None:
-        return None
+        # The reprieve kept the most important tasks whatever the rules, and the set breaks one;
+        # another set may keep it. Search again with the victims the rules protect reprieved
+        # first: only here, so the usual case (the first set passes) costs nothing more.
+        order = _protected_first(eligible, pricer)
+        if arithmetic:
+            victims = _cpu_memory_victims(tc, state, row, eligible, order)
+        else:
+            victims = _victims_by_trial(entry, state, row, eligible, order)
+        if not victims:  # cannot be: all of `eligible` gone lets the task fit, as above
+            return None
+        price = pricer.price(victims)
+        if price is None:
+            return None
     return PricedCandidate(row, victims, *price)
+
+
+ReprieveOrder = Callable[[Resident], tuple[float, ...]]  # sort key: the first reprieved first
 
 
 def _reprieve_order(r: Resident) -> tuple[int, bool, float]:
@@ -294,8 +316,31 @@ def _reprieve_order(r: Resident) -> tuple[int, bool, float]:
     return (-r.priority, r.min_member <= 1, r.start_time)
 
 
+def _protected_first(eligible: list[Resident], pricer: Pricer) -> ReprieveOrder:
+    """A reprieve order that lets back first the victims a rule protects: going through the
+    rule-bound ones from the least important up, each the rules would not let go with those let
+    go before it (kube-scheduler's PDB-violating pods); then _reprieve_order."""
+    let_go: dict[tuple[bool, str], list[Resident]] = {}
+    protected: set[str] = set()
+    for r in sorted(eligible, key=_reprieve_order, reverse=True):
+        if not pricer.ruled(r):
+            continue
+        # The verdict on r depends only on the victims of its job, or of its queue if floored.
+        floored = r.queue in pricer.floors
+        before = let_go.setdefault((floored, r.queue if floored else r.job_id), [])
+        if pricer.price([*before, r]) is None:
+            protected.add(r.task_id)
+        else:
+            before.append(r)
+    return lambda r: (r.task_id not in protected, *_reprieve_order(r))
+
+
 def _cpu_memory_victims(
-    tc: TaskClass, state: ClusterArrays, row: int, eligible: list[Resident]
+    tc: TaskClass,
+    state: ClusterArrays,
+    row: int,
+    eligible: list[Resident],
+    order: ReprieveOrder = _reprieve_order,
 ) -> list[Resident] | None:
     """The same remove-all-then-reprieve search in plain arithmetic, for CPU/memory-only work."""
     req = tc.request
@@ -304,7 +349,7 @@ def _cpu_memory_victims(
     if cpu_free < req.cpu_milli or mem_free < req.memory:
         return None
     victims: list[Resident] = []
-    for r in sorted(eligible, key=_reprieve_order):
+    for r in sorted(eligible, key=order):
         if cpu_free - r.cpu_milli >= req.cpu_milli and mem_free - r.memory >= req.memory:
             cpu_free -= r.cpu_milli  # reprieved: it stays
             mem_free -= r.memory
@@ -314,7 +359,11 @@ def _cpu_memory_victims(
 
 
 def _victims_by_trial(
-    entry: ClassEntry, state: ClusterArrays, row: int, eligible: list[Resident]
+    entry: ClassEntry,
+    state: ClusterArrays,
+    row: int,
+    eligible: list[Resident],
+    order: ReprieveOrder = _reprieve_order,
 ) -> list[Resident] | None:
     """Remove-all-then-reprieve on the view itself, so GPU assignment decides what fits."""
     removed: list[Resident] = []
@@ -325,7 +374,7 @@ def _victims_by_trial(
         if not fits_row(entry, state, row):
             return None
         victims: list[Resident] = []
-        for r in sorted(removed, key=_reprieve_order):
+        for r in sorted(removed, key=order):
             state.place(row, r)
             if not fits_row(entry, state, row):
                 state.release(r.task_id)

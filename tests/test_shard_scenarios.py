@@ -388,6 +388,12 @@ FILTER_CASES = [
         running=[(_filler("f", "1"), 0, "n", ())],
     ),
     Case(
+        "zero of an extended resource no node has asks for nothing",
+        [make_node("a").build()],
+        make_job("j").cpu("1").extended("example.com/fpga", 0).build(),
+        {"a"},
+    ),
+    Case(
         "extended resource used up",
         [make_node("b").extended("fpga", 1).build()],
         make_job("j").cpu("1").extended("fpga", 1).build(),
@@ -829,6 +835,12 @@ PREEMPT_MORE = [
         ],
         make_job("p").cpu("8").priority(100).build(),
         {"a/0", "b/0"},
+    ),
+    PreemptCase(
+        "zero of an extended resource no node has does not stop preemption",
+        [make_job("low").cpu("8").build()],
+        make_job("p").cpu("8").extended("example.com/fpga", 0).priority(100).build(),
+        {"low/0"},
     ),
     PreemptCase(
         "capacity reclaim spares the preemptor's own queue",

@@ -10,9 +10,15 @@ from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.plugins.gpu_filters import eligibility_reason
 
 
+def _wants_extended(tc: TaskClass) -> bool:
+    return any(amount > 0 for _, amount in tc.request.extended)
+
+
 def _ext_checks(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
     out = []
     for name, amount in tc.request.extended:
+        if amount <= 0:
+            continue  # asks for nothing: fits anywhere, as the binder and ClusterArrays.fits judge
         col = state.ext_col(name)
         if col is None:
             out.append((f"insufficient {name}", np.zeros(len(state.cpu_cap[rows]), np.bool_)))
@@ -57,8 +63,8 @@ class ResourcesFit(FilterPlugin):
 
     def row_filter(self, tc: TaskClass) -> RowFilter | None:
         req = tc.request
-        if req.extended or (req.wants_gpu and (tc.group.gpu_models or req.gpu_memory_mib)):
-            return None  # per-GPU eligibility: the vector path
+        if _wants_extended(tc) or (req.wants_gpu and (tc.group.gpu_models or req.gpu_memory_mib)):
+            return None  # extended resources, per-GPU eligibility: the vector path
         cpu, mem, whole, share = req.cpu_milli, req.memory, tc.gpu_whole, tc.gpu_share
 
         def fits(state: ClusterArrays, r: int) -> bool:
