@@ -135,8 +135,11 @@ class Binder:
 
     # -- recovery -----------------------------------------------------------------------------------
     def _recover(self) -> None:
+        # Proposals planned before this binder started are refused on every node (NodeCurrent):
+        # what changed in the nodes' rules since their views is not known here.
         for node in self.store.load_nodes():
-            self.truth.upsert_node(node)
+            self.truth.upsert_node(node, 0)
+        self.truth.mark_all(self.store.load_version())
         row_of = self.truth.arrays.row_of
         for bt in self.store.load_bound():
             row = row_of.get(bt.node)
@@ -196,8 +199,8 @@ class Binder:
             return self.version
         changes: list[Change] = [NodeUpserted(n) for n in nodes]
         self.store.upsert_nodes(nodes, version=self.version + len(changes))  # then the arrays
-        for node in nodes:
-            self.truth.upsert_node(node)
+        for version, node in enumerate(nodes, self.version + 1):  # each NodeUpserted's version
+            self.truth.upsert_node(node, version)
         return self._publish(changes)
 
     def set_node_state(self, name: str, state: NodeState) -> int:
@@ -212,7 +215,7 @@ class Binder:
             old.name, old.cpu_milli, old.memory, old.gpus, old.labels, old.taints, old.extended, state
         )
         self.store.upsert_nodes([node], version=self.version + 1)  # then the arrays
-        self.truth.upsert_node(node)
+        self.truth.upsert_node(node, self.version + 1)
         return self._publish([NodeUpserted(node)])
 
     def remove_node(self, name: str) -> list[str]:
@@ -299,12 +302,13 @@ class Binder:
         writes = _Writes()
         reply = BindReply([], [], [], [], self.version, shard_id=batch.shard_id)
         changes: list[Change] = []
-        clean = find_clean(self.truth, proposals) if self.vectorised and proposals else []
+        seen = batch.seen_version
+        clean = find_clean(self.truth, proposals, seen) if self.vectorised and proposals else []
         if len(clean) == len(proposals):
             # Every proposal is clean (the usual batch): its answers go straight into the reply.
             self._bind_clean(proposals, clean, now, writes, reply.accepted, changes)
         else:
-            self._commit_mixed(proposals, clean, now, writes, reply, changes)
+            self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
         if changes:
             bound, states = writes.split()
             jobs = {p.job.id: p.job for p in proposals}
@@ -325,6 +329,7 @@ class Binder:
         self,
         proposals: Sequence[Proposal],
         clean: Sequence[CleanUnit],
+        seen_version: int,
         now: float,
         writes: _Writes,
         reply: BindReply,
@@ -341,7 +346,7 @@ class Binder:
             for unit, acc, end in zip(clean, accepted, ends, strict=True):
                 outcomes[unit.index] = _Outcome(accepted=acc, changes=bound[start:end])
                 start = end
-        scope = BatchScope()
+        scope = BatchScope(seen_version)
         for i, proposal in enumerate(proposals):
             if outcomes[i] is None:
                 outcomes[i] = self._commit_unit(proposal, scope, writes, now)

@@ -11,6 +11,8 @@ A proposal is *clean* when
   * each of its tasks is valid, unbound, proposed once in the whole batch and named by no victim;
   * each placement's node exists and is schedulable, its GPU pairs match the request (the same
     static checks as the stages), and every extended resource it asks for is known;
+  * every node it touches has had the same labels, taints and GPUs since the batch's view
+    (BinderState.rules_version, the node_current stage);
   * every node it touches is *cool*: the demand of ALL placements of the batch on that node (no
     victim credit, every placement counted as if accepted) fits the node's free cpu, memory,
     extended resources and each GPU's free milli — aggregated with np.add.at over the rows the
@@ -43,8 +45,9 @@ class CleanUnit:
     rows: list[int]  # row of each placement, in order
 
 
-def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanUnit]:
-    """The clean proposals of a batch (see the module docstring), in batch order."""
+def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: int) -> list[CleanUnit]:
+    """The clean proposals of a batch planned on the binder's view at `seen_version` (see the
+    module docstring), in batch order."""
     a = state.arrays
     row_of = a.row_of
     gpu_exists = a.gpu_exists
@@ -179,6 +182,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal]) -> list[CleanU
     np.add.at(mem, at, np.array(d_mem, np.int64))
     hot = (
         ~a.schedulable[touched]
+        | (state.rules_version[touched] > seen_version)
         | (a.cpu_used[touched] + cpu > a.cpu_cap[touched])
         | (a.mem_used[touched] + mem > a.mem_cap[touched])
     )

@@ -64,6 +64,9 @@ def gang_need(proposal: Proposal, truth: BinderState) -> int:
 class BatchScope:
     """What the earlier proposals of the batch did (the arrays already show it)."""
 
+    # The binder version of the view the batch was planned on (ProposalBatch.seen_version); None
+    # outside a commit (gang breaks of lost nodes check no plan).
+    seen_version: int | None = None
     claimed_victims: set[str] = field(default_factory=set)  # victims named and evicted
     evicted: set[str] = field(default_factory=set)  # every task evicted so far (gang breaks included)
     placed: set[str] = field(default_factory=set)  # tasks bound so far
@@ -180,6 +183,27 @@ class NodeSchedulable:
                 state = "gone" if node is None else node.state.value
                 out.append(f"node {c.placement.node} is {state}")
         return out
+
+
+class NodeCurrent:
+    """The node's labels, taints and GPUs are those the shard planned on: they changed, or the node
+    was removed and added again, after the batch's view (BinderState.rules_version). The binder
+    does not check selectors, affinity, tolerations or GPU models itself; a plan made on older
+    rules is refused, and the shard plans again on the new ones."""
+
+    name = "node_current"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        seen = unit.scope.seen_version
+        if seen is None:
+            return [None] * len(candidates)
+        changed = unit.state.rules_version
+        return [
+            None
+            if changed[c.row] <= seen
+            else f"node {c.placement.node} changed (labels, taints or GPUs) after the plan's view"
+            for c in candidates
+        ]
 
 
 class VictimsValid:
@@ -479,6 +503,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     TaskValid(),
     NodeExists(),
     NodeSchedulable(),
+    NodeCurrent(),
     VictimsValid(),
     QueueFloorsHold(),
     AntiAffinityHolds(),

@@ -3,6 +3,7 @@
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.job import Job
@@ -19,6 +20,12 @@ def _add_use(use: list[int], r: Resident, sign: int) -> None:
     use[0] += sign * r.cpu_milli
     use[1] += sign * r.memory
     use[2] += sign * sum(m for _, m in r.gpus)
+
+
+def _rules(node: Node) -> tuple[object, ...]:
+    """What the shards' filters read of a node and the binder's stages do not check again (the
+    binder checks capacity, GPU existence and free room, and the node's state itself)."""
+    return node.labels, node.taints, node.gpus
 
 
 def validate_node(node: Node) -> None:
@@ -54,6 +61,11 @@ class BinderState:
         # asked about, kept up to date from then on: clusters without guarantees never pay for it
         # on the binding path.
         self._queue_use: dict[str, list[int]] = {}
+        # Per row: the binder version at which the node was added or its placement rules (labels,
+        # taints, GPUs) last changed. A shard that planned on an older view planned on rules the
+        # binder does not check itself (or on a removed node of that name): NodeCurrent refuses
+        # such placements.
+        self.rules_version: NDArray[np.int64] = np.zeros(self.arrays.capacity, np.int64)
 
     def note_cancelled(self, job_id: str) -> None:
         self.cancelled[job_id] = None
@@ -95,8 +107,24 @@ class BinderState:
                 yield node.name, residents[tid]
 
     # -- nodes ------------------------------------------------------------------------------------
-    def upsert_node(self, node: Node) -> int:
-        return self.arrays.upsert_node(node)
+    def upsert_node(self, node: Node, version: int) -> int:
+        """Add or update a node, as of change-log `version` (see rules_version)."""
+        a = self.arrays
+        row = a.row_of.get(node.name)
+        old = None if row is None else a.nodes[row]
+        row = a.upsert_node(node)
+        if row >= self.rules_version.size:
+            grown = np.zeros(a.capacity, np.int64)
+            grown[: self.rules_version.size] = self.rules_version
+            self.rules_version = grown
+        if old is None or _rules(old) != _rules(node):
+            self.rules_version[row] = version
+        return row
+
+    def mark_all(self, version: int) -> None:
+        """Every node's rules count as changed at `version` (a binder recovered from its store
+        knows nothing of the views older than that)."""
+        self.rules_version[:] = version
 
     def remove_node(self, name: str) -> list[Resident]:
         lost = self.arrays.remove_node(name)

@@ -18,6 +18,7 @@ from gosched.binder.stages import STAGE_NAMES, gpu_shape_error
 from gosched.binder.state import arrays_view, make_resident
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
+from gosched.common.config import ProfileConfig
 from gosched.common.job import Job, TaskGroup
 from gosched.common.messages import (
     BindReply,
@@ -29,12 +30,15 @@ from gosched.common.messages import (
     QueueFloor,
     TaskBound,
     TaskReleased,
+    Unit,
+    UnitBatch,
 )
 from gosched.common.node import Node, NodeState
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.common.states import TaskState
 from gosched.common.store import Store
-from tests.builders import make_job, make_node
+from gosched.scheduler_shard.shard import SchedulerShard
+from tests.builders import NodeBuilder, make_job, make_node
 
 GiB = 2**30
 
@@ -467,6 +471,81 @@ def test_a_proposal_of_a_job_cancelled_in_flight_is_refused_and_evicts_nothing(
     reply = commit(b, prop(cpu_job("late", "1"), at(0, "n2")))
     assert outcome(reply)[1] == [("late", "task_valid", (0,))]
     assert b.resident("late/0") is None
+
+
+# A node changed between a shard's view and the binder's check: what the shard's filters read and
+# the binder does not check again (labels, taints, GPU models) refuses the plan; what the binder
+# checks itself (capacity, state) does not.
+def n1(cpu: str = "4", model: str = "A100") -> NodeBuilder:
+    return make_node("n1").cpu(cpu).mem("16Gi").gpus(1, model=model)
+
+
+NODE_CHANGES: dict[str, tuple[Node, bool]] = {
+    "tainted": (n1().taint("dedicated", "x", "NoExecute").build(), True),
+    "relabelled": (n1().label(zone="b").build(), True),
+    "GPU model changed": (n1(model="H100").build(), True),
+    "grown": (n1(cpu="8").build(), False),
+    "the same node again": (n1().build(), False),
+}
+
+
+@pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "sequential"])
+@pytest.mark.parametrize("change", list(NODE_CHANGES))
+def test_a_plan_made_before_a_nodes_rules_changed_is_refused(
+    tmp_path: Path, change: str, vectorised: bool
+) -> None:
+    b = open_binder(tmp_path / "gs.db", vectorised=vectorised)
+    b.add_nodes([n1().build(), N4B])
+    view = b.version  # the shard plans on this view
+    node, refused = NODE_CHANGES[change]
+    b.add_nodes([node])
+    reply = commit(b, prop(cpu_job("j", "1"), at(0, "n1")), prop(cpu_job("k", "1"), at(0, "n2")), seen=view)
+    accepted, rejected, _ = outcome(reply)
+    assert accepted == ({"k": [0]} if refused else {"j": [0], "k": [0]})
+    assert rejected == ([("j", "node_current", (0,))] if refused else [])
+    if refused:
+        assert "changed (labels, taints or GPUs)" in reply.rejected[0].reason
+        # planned again on the new view, it goes through
+        assert outcome(commit(b, prop(cpu_job("j", "1"), at(0, "n1"))))[0] == {"j": [0]}
+
+
+@pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "sequential"])
+def test_a_plan_on_a_node_removed_and_added_again_or_older_than_a_restart_is_refused(
+    tmp_path: Path, vectorised: bool
+) -> None:
+    b = open_binder(tmp_path / "gs.db", vectorised=vectorised)
+    b.add_nodes([N4, N4B])
+    view = b.version
+    b.remove_node("n1")
+    b.add_nodes([N4])  # same name, another machine for all the binder knows
+    reply = commit(b, prop(cpu_job("j", "1"), at(0, "n1")), prop(cpu_job("k", "1"), at(0, "n2")), seen=view)
+    assert outcome(reply)[:2] == ({"k": [0]}, [("j", "node_current", (0,))])
+    b.store.close()
+    again = open_binder(tmp_path / "gs.db", vectorised=vectorised)  # recovered: no older view is known
+    reply = commit(again, prop(cpu_job("m", "1"), at(0, "n2")), seen=again.version - 1)
+    assert outcome(reply)[:2] == ({}, [("m", "node_current", (0,))])
+    assert outcome(commit(again, prop(cpu_job("m", "1"), at(0, "n2"))))[0] == {"m": [0]}
+
+
+def test_a_shards_plan_in_flight_when_a_node_is_tainted_noexecute_lands_elsewhere(tmp_path: Path) -> None:
+    """The race end to end with a real shard: it plans on its view, the node is tainted NoExecute
+    (the control plane evicts its intolerant tasks then), the binder refuses the plan in flight,
+    and the shard, on the reply's changes, plans the task on the other node."""
+    b = open_binder(tmp_path / "gs.db")
+    b.add_nodes([make_node("n1").cpu("4").mem("16Gi").build()])
+    shard = SchedulerShard(0, ProfileConfig(), clock=lambda: 1.0)
+    shard.sync(*b.changes_since(0))
+    job = cpu_job("j", "1")
+    batch = shard.schedule(UnitBatch(0, [Unit(job, (0,), 1)]))
+    assert [pl.node for p in batch.proposals for pl in p.placements] == ["n1"]
+    b.add_nodes([make_node("n1").cpu("4").mem("16Gi").taint("gpu-only", "", "NoExecute").build()])
+    b.add_nodes([make_node("n2").cpu("4").mem("16Gi").build()])
+    reply = b.commit(batch)
+    assert [(r.job_id, r.stage) for r in reply.rejected] == [("j", "node_current")]
+    shard.apply_reply(reply)
+    again = shard.schedule(UnitBatch(0, [Unit(job, (0,), 1, attempt=1)]))
+    assert [pl.node for p in again.proposals for pl in p.placements] == ["n2"]
+    assert outcome(b.commit(again))[0] == {"j": [0]}
 
 
 @pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "sequential"])
@@ -964,7 +1043,7 @@ def test_fast_path_takes_the_clean_proposals_of_a_conflicted_batch(tmp_path: Pat
         prop(cpu_job("f", "1"), at(0, "n4")),  # fits, but the node is cordoned
         prop(cpu_job("g", "1"), at(0, "idle7")),  # clean, on a row far from the others
     ]
-    assert [u.index for u in find_clean(b.truth, batch)] == [2, 6]
+    assert [u.index for u in find_clean(b.truth, batch, b.version)] == [2, 6]
     reply = commit(b, *batch)
     assert outcome(reply)[0] == {"a": [0], "c": [0], "d": [0], "g": [0]}
     assert [a.job_id for a in reply.accepted] == ["a", "c", "d", "g"]  # batch order, whatever the path

@@ -120,9 +120,9 @@ def test_a_killed_writer_is_told_and_the_binder_stops_trusting_its_memory(tmp_pa
         time.sleep(0.01)
     assert "store writer exited" in failures[0]
     with pytest.raises(WriterFailed, match="exited"):
-        binder.commit(ProposalBatch(0, 0, [pair("j0", "n1")]))  # applied in memory, never stored
+        binder.commit(ProposalBatch(0, binder.version, [pair("j0", "n1")]))  # applied in memory, never stored
     with pytest.raises(RuntimeError, match="new Binder"):
-        binder.commit(ProposalBatch(0, 0, [pair("j1", "n1")]))
+        binder.commit(ProposalBatch(0, binder.version, [pair("j1", "n1")]))
     with pytest.raises(RuntimeError, match="new Binder"):
         binder.release(["j0/0"], "succeeded")
     assert len(failures) == 1
@@ -159,7 +159,7 @@ def test_a_query_waits_for_durability_while_a_commit_does_not(tmp_path: Path) ->
     binder = Binder(Store(db), clock=Clock(), writer=writer)
     binder.add_nodes([make_node(f"n{i}").cpu("64").build() for i in range(5)])
     for i in range(50):
-        binder.commit(ProposalBatch(0, 0, [pair(f"j{i}", f"n{i % 5}")]))
+        binder.commit(ProposalBatch(0, binder.version, [pair(f"j{i}", f"n{i % 5}")]))
     assert binder.version == 5 + 100  # applied in memory at once
     released = binder.release(["j0/0"], "succeeded")  # a write of its own: after the queue
     assert released == ["j0/0"] and writer.pending == 0
@@ -196,8 +196,8 @@ def test_a_binder_with_a_writer_answers_and_recovers_as_one_without(
             new_jobs = {p.job.id: p.job for p in batch if p.job.id not in stored_jobs}
             piped.store.add_jobs(list(new_jobs.values()))  # as the dispatcher stores them at submission
             stored_jobs.update(new_jobs)
-            r_plain = plain.commit(ProposalBatch(0, 0, batch))
-            r_piped = piped.commit(ProposalBatch(0, 0, batch))
+            r_plain = plain.commit(ProposalBatch(0, plain.version, batch))
+            r_piped = piped.commit(ProposalBatch(0, piped.version, batch))
             assert r_plain == r_piped
             version = piped.version
             writer.after_durable(lambda v=version: heard.append(version_of(piped_db) - v))  # type: ignore[misc]
