@@ -117,6 +117,9 @@ class TaskRecord:
     stale: bool = False  # the master does not expect it: killed, never reported
     final: agent_pb2.TaskStatus | None = None  # it ended; sent once its logs are shipped
     relaunch: agent_pb2.LaunchTask | None = None  # a launch that waits for the stale run to end
+    # The waiting launch was killed before it started: the master waits for its end (this
+    # message), reported once the stale run is gone.
+    relaunch_killed: str | None = None
 
     @property
     def task_id(self) -> str:
@@ -150,7 +153,7 @@ class TaskTable:
         rec = self.records.get(msg.task_id)
         if rec is not None:
             if rec.stale:
-                rec.relaunch = msg  # started once the stale run is gone, so never two at once
+                rec.relaunch, rec.relaunch_killed = msg, None  # started once the stale run is gone
                 return
             if rec.final is None:
                 return  # running (or a service about to restart): a resent launch
@@ -161,9 +164,16 @@ class TaskTable:
     def kill(self, task_id: str, grace_s: float, reason: str, message: str | None = None) -> None:
         """SIGTERM, SIGKILL after the grace; the final status says `message` (default "killed: <reason>")."""
         rec = self.records.get(task_id)
-        if rec is None or rec.final is not None or rec.stale or rec.killed is not None:
-            return  # not running, or already being killed
         message = message or f"killed: {reason or 'no reason given'}"
+        if rec is not None and rec.stale:
+            # The kill is for the launch that waits for the stale run: it must never start (its
+            # task may be cancelled), and its end, once the stale run is gone, ends the kill.
+            if rec.relaunch is not None:
+                rec.relaunch = None
+                rec.relaunch_killed = message
+            return
+        if rec is None or rec.final is not None or rec.killed is not None:
+            return  # not running, or already being killed
         if rec.restart_at is not None:
             rec.restart_at = None
             rec.final = task_status(task_id, FAILED, NO_EXIT_CODE, message)
@@ -199,8 +209,12 @@ class TaskTable:
         rec = self.records.pop(task_id, None)
         if rec is None or rec.final is None:
             return
-        self.finished[task_id] = rec.final
-        self.finished.move_to_end(task_id)
+        self._remember(rec.final)
+
+    def _remember(self, final: agent_pb2.TaskStatus) -> None:
+        """Keep a final status handed to the stream, to resend if the master did not get it."""
+        self.finished[final.task_id] = final
+        self.finished.move_to_end(final.task_id)
         while len(self.finished) > FINISHED_KEPT:
             old, _ = self.finished.popitem(last=False)
             for path in self.executor.log_paths(old):  # the master has them; keep the disk bounded
@@ -224,14 +238,17 @@ class TaskTable:
             if task_id in expected:
                 if rec.stale:  # expected again while still dying: report its end after all
                     rec.stale = False
-                    rec.killed = rec.killed or "lost: killed while the master did not expect it"
+                    lost = "lost: killed while the master did not expect it"
+                    rec.killed = rec.relaunch_killed or rec.killed or lost
                 continue
             if not rec.has_process:
                 del self.records[task_id]  # nothing runs, and nobody waits for its status
                 self.dirty = True
-            elif not rec.stale:
+                continue
+            # A launch sent before this registration is not wanted any more (nor its end).
+            rec.relaunch = rec.relaunch_killed = None
+            if not rec.stale:
                 rec.stale = True
-                rec.relaunch = None
                 self._signal(rec, STALE_GRACE_S)
                 self.echo(f"killing {task_id}: the master does not expect it on this node")
         out: list[agent_pb2.TaskStatus] = []
@@ -398,6 +415,10 @@ class TaskTable:
             self.echo(f"{task_id} stopped (not expected here)")
             if rec.relaunch is not None:
                 self._start(rec.relaunch)
+            elif rec.relaunch_killed is not None:  # the killed launch's end: its kill is over
+                final = task_status(task_id, FAILED, NO_EXIT_CODE, rec.relaunch_killed)
+                self._remember(final)
+                self.report(final)
             return
         if state == FAILED and rec.launch.service and rec.killed is None:
             self._schedule_restart(rec, message, exit_code)

@@ -16,7 +16,9 @@ which runs in the scheduling thread under the service lock:
 An agent silent for longer than `node_timeout_s` loses its node: the node becomes not ready and its
 tasks are queued again (a gang that drops below its min_member is evicted whole). When the agent
 comes back, it is told the tasks the master expects there (none of the requeued ones), and kills
-the rest, so nothing runs twice.
+the rest, so nothing runs twice. An agent that registers again while its session is known is
+expected to run what that session was sent (a task bound meanwhile is launched), and the kills in
+flight carry over: their runs' ends (and last output) are the kills', never a new run's.
 
 Nodes registered by an agent carry the label AGENT_LABEL; after a master restart those nodes are
 given `node_timeout_s` plus the agents' longest registration backoff to reconnect before their
@@ -33,6 +35,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,6 +65,7 @@ TICK_S = 0.05
 # another agent registering that name is refused. A stream cut without a word (a half-open
 # connection) goes quiet, so the agent behind it gets its node back once these have passed.
 LIVE_HEARTBEATS = 3
+LOG_OWNERS_KEPT = 100_000  # tasks whose latest launch's node is remembered (the oldest go first)
 
 
 @dataclass
@@ -134,6 +138,11 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         self._last_tick = 0.0
         self._adopted = False
         self._operator_state: dict[str, NodeState] = {}  # cordons of nodes lost meanwhile
+        # The node of each task's latest launch: only its output goes into the task's log, not the
+        # last words of an older run being stopped elsewhere (a run's owner changes only at a
+        # launch, so a cancelled task's last words still arrive).
+        self._log_owner: OrderedDict[str, str] = OrderedDict()
+        self._log_lock = threading.Lock()  # guards _log_owner; a chunk's check and write are one step
         service.tick_hooks.append(self.tick)
 
     @property
@@ -209,14 +218,25 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             # An operator's cordon or drain outlives the agent (and a node loss in between).
             node = replace(node, state=state if state in OPERATOR_STATES else NodeState.READY)
             control.add_nodes([node])
-            expected = control.resident_runs([node.name])[node.name]
-            session = AgentSession(
-                node.name, uuid.uuid4().hex, time.monotonic(), sent=dict(expected), limits=request.limits
-            )
+            resident = control.resident_runs([node.name])[node.name]
+            session = AgentSession(node.name, uuid.uuid4().hex, time.monotonic(), limits=request.limits)
             with self._lock:
                 old = self.sessions.get(node.name)
+                if old is None:  # a new node, or one lost meanwhile (nothing resident then)
+                    session.sent = dict(resident)
+                else:
+                    # Only the runs the agent was sent (the runs it has): a task bound while its
+                    # stream was down is launched by the reconcile, not answered "lost" by the
+                    # agent. A session adopted after a master restart was "sent" every task.
+                    session.sent = {t: old.sent[t] for t in resident if t in old.sent}
+                    # Runs being stopped stay so: their ends are the kills', and the room they
+                    # hold is not free until then (a relaunch waits for them).
+                    session.killing = dict(old.killing)
+                    session.uses = {t: old.uses[t] for t in old.killing if t in old.uses}
                 self.sessions[node.name] = session
                 self._reports.nodes.pop(node.name, None)  # older than the node just registered
+                # The agent keeps the runs being stopped, so their ends (and last output) come.
+                expected = sorted({*session.sent, *session.killing})
             self.service.touch()
         if old is not None:
             old.outbox.put(None)  # ends the old stream
@@ -225,7 +245,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             node_name=node.name,
             session_id=session.session_id,
             heartbeat_interval_s=self.heartbeat_interval_s,
-            expected_task_ids=sorted(expected),
+            expected_task_ids=expected,
         )
 
     def Connect(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
@@ -276,10 +296,13 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             self._on_node_update(session, msg.node_update)
         elif body == "log":
             chunk = msg.log
-            try:
-                self.logs.write(chunk.task_id, chunk.stream or "stdout", chunk.offset, chunk.data)
-            except ValueError as exc:
-                log.warning("agent %s sent a bad log chunk: %s", session.node, exc)
+            with self._log_lock:  # not across a launch's reset of the log
+                if self._log_owner.get(chunk.task_id, session.node) != session.node:
+                    return  # an older run's, on another node: the task's log is its new run's now
+                try:
+                    self.logs.write(chunk.task_id, chunk.stream or "stdout", chunk.offset, chunk.data)
+                except ValueError as exc:
+                    log.warning("agent %s sent a bad log chunk: %s", session.node, exc)
 
     def _on_node_update(self, session: AgentSession, update: Any) -> None:
         try:
@@ -493,7 +516,12 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             ]
             for msg in self._not_on_dying_room(control, s, msgs):
                 tid = msg.task_id
-                self.logs.reset(tid)  # a new run: its output replaces the last run's
+                with self._log_lock:
+                    self._log_owner[tid] = node
+                    self._log_owner.move_to_end(tid)
+                    if len(self._log_owner) > LOG_OWNERS_KEPT:
+                        self._log_owner.popitem(last=False)
+                    self.logs.reset(tid)  # a new run: its output replaces the last run's
                 with self._lock:
                     s.sent[tid] = runs[node][tid]
                     s.uses[tid] = (msg.memory, frozenset(g.index for g in msg.gpus))
