@@ -5,7 +5,8 @@ A proposal is *clean* when
   * it names no victims, has >= max(1, min_needed) placements, and its job is not the job of any
     victim named in the batch (so no eviction or gang break of this batch can touch it);
   * its job has no anti-affinity rule (the anti_affinity stage looks at other tasks) and carries
-    no labels that a rule of the batch repels (bound early, it would turn that rule's verdict);
+    no labels that a rule of the batch repels (bound early, it would turn that rule's verdict) or
+    a resident's rule repels (the stage checks that way round too);
   * its job's queue has no floor named in the batch (the queue_floors stage looks at the queue's
     whole usage, which a proposal bound early, out of batch order, would raise);
   * each of its tasks is valid, unbound, proposed once in the whole batch and named by no victim;
@@ -161,6 +162,14 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
 
         maybe = [u for u in maybe if untouched(u)]
 
+    if a.repellers and maybe:  # residents' rules repel the other way too: the stages judge it
+        repelled.extend(
+            {
+                frozenset(rule.match_labels)
+                for tid, row in a.repellers.items()
+                for rule in a.residents[row][tid].repels
+            }
+        )
     if repelled and maybe:
         maybe = [u for u in maybe if not _repelled(set(proposals[u.index].job.labels), repelled)]
 

@@ -422,7 +422,8 @@ class AntiAffinityHolds:
     The rules mean what the shard's anti_affinity filter means: per topology domain (a node label;
     "node" is the node itself, a node without the label is in no domain), with no match labels the
     job's own tasks of the group's role repel each other, with match labels every task whose job
-    carries them all is repelled. The unit's victims count as gone, its earlier placements as there.
+    carries them all is repelled, both ways: nor is such a task placed in the domain of a task
+    with the rule. The unit's victims count as gone, its earlier placements as there.
     """
 
     name = "anti_affinity"
@@ -434,9 +435,23 @@ class AntiAffinityHolds:
 
     def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
         job = unit.job
-        if not any(g.anti_affinity for g in job.groups):
-            return [None] * len(candidates)
         a = unit.state.arrays
+        labels = set(job.labels)
+        # The other way round: residents, and the unit's own placements passed so far, whose
+        # rules repel a task of this job.
+        repellers = (
+            [
+                (row, rule)
+                for tid, row in a.repellers.items()
+                if tid not in unit.victims
+                for rule in a.residents[row][tid].repels
+                if set(rule.match_labels) <= labels
+            ]
+            if labels and a.repellers
+            else []
+        )
+        if not repellers and not any(g.anti_affinity for g in job.groups):
+            return [None] * len(candidates)
         kept: list[tuple[int, str]] = []  # (row, role) of the unit's placements passed so far
         out: list[str | None] = []
         for c in candidates:
@@ -447,10 +462,26 @@ class AntiAffinityHolds:
                 if reason is not None:
                     reason = f"anti-affinity on {rule.topology_key}: {reason}"
                     break
+            if reason is None and repellers:
+                reason = self._repelled(a, repellers, c.row)
             out.append(reason)
             if reason is None:
                 kept.append((c.row, group.role))
+                repellers.extend(
+                    (c.row, rule) for rule in group.anti_affinity if set(rule.match_labels) <= labels
+                )
         return out
+
+    def _repelled(self, a: ClusterArrays, repellers: list[tuple[int, AntiAffinity]], row: int) -> str | None:
+        for other, rule in repellers:
+            row_domain, _ = self._domain_map(a, rule.topology_key)
+            domain = row_domain[row]
+            if domain is not None and row_domain[other] == domain:
+                return (
+                    f"anti-affinity on {rule.topology_key}: a task in {domain} repels labels "
+                    f"{dict(rule.match_labels)}"
+                )
+        return None
 
     def _conflict(
         self,

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gosched.common.fast_pickle import fast_pickle
-from gosched.common.job import Job
+from gosched.common.job import AntiAffinity, Job
 from gosched.common.node import Node, NodeState, Taint
 from gosched.common.resources import GPU_MILLI
 
@@ -50,6 +50,9 @@ class Resident:
     role: str = ""
     min_member: int = 1
     disruption_budget: int | None = None
+    # The task's anti-affinity rules that have match labels: they repel tasks of other jobs too,
+    # both ways (a task carrying the labels is not placed in this task's domain either).
+    repels: tuple[AntiAffinity, ...] = ()
 
     @classmethod
     def for_task(
@@ -76,6 +79,7 @@ class Resident:
             group.role,
             job.min_member,
             job.disruption_budget,
+            tuple(rule for rule in group.anti_affinity if rule.match_labels) if group.anti_affinity else (),
         )
 
 
@@ -87,6 +91,9 @@ class ClusterArrays:
     row_of: dict[str, int] = field(default_factory=dict)
     residents: list[dict[str, Resident]] = field(default_factory=list)
     task_row: dict[str, int] = field(default_factory=dict)
+    # task id -> row of every resident whose `repels` is not empty (few: what the anti-affinity
+    # checks of every other task go through).
+    repellers: dict[str, int] = field(default_factory=dict)
     extended_names: list[str] = field(default_factory=list)
     gpu_models: dict[str, int] = field(default_factory=dict)
     # meta_generation changes whenever node metadata (labels, taints, state, capacity) changes; it is
@@ -228,6 +235,7 @@ class ClusterArrays:
         lost = list(self.residents[row].values())
         for r in lost:
             self.task_row.pop(r.task_id, None)
+            self.repellers.pop(r.task_id, None)
         self.residents[row] = {}
         self.nodes[row] = None
         self.alive[row] = False
@@ -333,6 +341,8 @@ class ClusterArrays:
             self._refresh_gpu_summary(row)
         self.residents[row][r.task_id] = r
         self.task_row[r.task_id] = row
+        if r.repels:
+            self.repellers[r.task_id] = row
         if r.preemptible and r.priority < self.victim_priority_bound[row]:
             self.victim_priority_bound[row] = r.priority
         self.dirty_log.append(row)
@@ -368,6 +378,8 @@ class ClusterArrays:
                 gpu.extend((row, g, milli) for g, milli in r.gpus)
             residents_of[row][r.task_id] = r
             task_row[r.task_id] = row
+            if r.repels:
+                self.repellers[r.task_id] = row
         if ext:
             e_rows, e_cols, e_amounts = zip(*ext, strict=True)
             np.add.at(self.ext_used, (np.array(e_rows), np.array(e_cols)), np.array(e_amounts, np.int64))
@@ -393,6 +405,8 @@ class ClusterArrays:
         if row is None:
             return None
         r = self.residents[row].pop(task_id)
+        if r.repels:
+            del self.repellers[task_id]
         self.cpu_used[row] -= r.cpu_milli
         self.mem_used[row] -= r.memory
         for name, amount in r.extended:

@@ -73,7 +73,8 @@ class AntiAffinity:
 
     `topology_key` is a node label ("kubernetes.io/hostname"-like "node" means the node itself).
     With `match_labels` empty, it applies among the job's own tasks of this group; otherwise it
-    repels every task (of any job) whose job labels include all of `match_labels`.
+    repels every task (of any job) whose job labels include all of `match_labels`, both ways as in
+    Kubernetes: such a task is placed neither where this one is nor this one where it is.
     """
 
     topology_key: str = "node"

@@ -36,7 +36,7 @@ def diagnose(
                 counts[reason] = counts.get(reason, 0) + int(hit.sum())
                 remaining &= ~hit
     for uf in profile.unit_filters:
-        if uf.relevant(tc):
+        if uf.relevant(tc, state):
             excluded = uf.excluded(tc, ctx, state)
             if excluded is not None:
                 hit = excluded & remaining

@@ -117,7 +117,7 @@ class Placer:
             eff = entry.eff
             if unit_filters:
                 for uf in unit_filters:
-                    if uf.relevant(entry.tc):
+                    if uf.relevant(entry.tc, state):
                         excluded = uf.excluded(entry.tc, ctx, state)
                         if excluded is not None:
                             eff = np.where(excluded, NEG_INF, eff)

@@ -443,7 +443,7 @@ def find_candidate(
     if may_hold is not None:
         base &= may_hold
     for uf in profile.unit_filters:
-        if uf.relevant(tc):
+        if uf.relevant(tc, state):
             excluded = uf.excluded(tc, ctx, state)
             if excluded is not None:
                 base &= ~excluded

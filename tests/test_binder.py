@@ -134,6 +134,16 @@ def db_job(job_id: str, topology: str = "node") -> Job:
     return make_job(job_id).cpu("1").mem("1Gi").labels(app="db").anti_affinity(topology, app="db").build()
 
 
+def guard_job(job_id: str) -> Job:
+    """A task that keeps jobs labelled app=web off its node; it carries no such label itself."""
+    return make_job(job_id).cpu("1").mem("1Gi").anti_affinity("node", app="web").build()
+
+
+def web_job(job_id: str) -> Job:
+    """A task of a job labelled app=web, with no rule of its own."""
+    return make_job(job_id).cpu("1").mem("1Gi").labels(app="web").build()
+
+
 # Queue a holds 8 cpus on n1 and n2 (two tasks, or one gang of two); its floor is 4 cpus.
 QA1 = cpu_job("qa1", "4", queue="a")
 QA2 = cpu_job("qa2", "4", queue="a")
@@ -434,6 +444,32 @@ CASES: dict[str, Case] = {
         [prop(SPREAD3, at(0, "n1"), at(1, "n1"), at(2, "n2"))],
         accepted={"spread": [0, 2]},
         rejected=[("spread", "anti_affinity", (1,))],
+    ),
+    # The other way round: a job carrying the labels may not join a task whose rule repels them,
+    # whether that task is bound already or placed earlier in the batch; elsewhere it may.
+    "anti_affinity_a_residents_rule_repels_a_labelled_job": Case(
+        [N4, N4B],
+        [prop(web_job("w1"), at(0, "n1")), prop(web_job("w2"), at(0, "n2"))],
+        before=[prop(guard_job("g1"), at(0, "n1"))],
+        accepted={"w2": [0]},
+        rejected=[("w1", "anti_affinity", (0,))],
+    ),
+    "anti_affinity_a_rule_earlier_in_the_batch_repels_a_labelled_job": Case(
+        [N4],
+        [
+            prop(guard_job("g1"), at(0, "n1")),
+            prop(web_job("w1"), at(0, "n1")),
+            prop(cpu_job("plain", "1"), at(0, "n1")),
+        ],
+        accepted={"g1": [0], "plain": [0]},
+        rejected=[("w1", "anti_affinity", (0,))],
+    ),
+    "anti_affinity_a_repelling_victim_gone": Case(
+        [N4],
+        [prop(replace(web_job("w1"), priority=100), at(0, "n1", victims=("g1/0",)))],
+        before=[prop(guard_job("g1"), at(0, "n1"))],
+        accepted={"w1": [0]},
+        evicted=[("g1/0", "w1")],
     ),
     # A victim being evicted no longer repels.
     "anti_affinity_victim_gone": Case(

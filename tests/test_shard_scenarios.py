@@ -514,6 +514,28 @@ def test_anti_affinity_across_jobs_by_label() -> None:
     assert out.proposals[0].placements[0].node == "b"
 
 
+@pytest.mark.parametrize("labels", [{"app": "web"}, {"app": "web", "tier": "front"}, {"app": "db"}, {}])
+def test_a_residents_anti_affinity_repels_a_labelled_job_the_other_way_round(labels: dict[str, str]) -> None:
+    """As in Kubernetes, a bound task's rule keeps a job carrying its match labels out of its domain,
+    though that job has no rule of its own; a job without them may join it."""
+    nodes = [make_node("a").build(), make_node("b").build()]
+    guard = make_job("guard").cpu("1").anti_affinity("node", app="web").build()
+    shard = shard_with(nodes, [(guard, 0, "a", ())], profile_with_scores("most_allocated"))
+    job = make_job("j").cpu("1").labels(**labels).build()
+    out = run_units(shard, [job])
+    repelled = labels.get("app") == "web"
+    assert out.proposals[0].placements[0].node == ("b" if repelled else "a")  # most_allocated: a
+    # with b full too, the repelled job fits nowhere, and the diagnosis says why
+    full = make_job("full").cpu("32").build()
+    running = [(guard, 0, "a", ()), (full, 0, "b", ())]
+    shard = shard_with(nodes, running, profile_with_scores("most_allocated"))
+    out = run_units(shard, [job])
+    if repelled:
+        assert out.proposals == [] and "anti-affinity" in out.unschedulable[0].diagnosis.ruled_out
+    else:
+        assert out.proposals[0].placements[0].node == "a"
+
+
 def test_spark_gang_all_or_nothing_leaves_no_trace() -> None:
     # Room for the driver (2 CPU) and 3 executors (4 CPU each) but not 4.
     nodes = [make_node("a").cpu("8").build(), make_node("b").cpu("6").build()]

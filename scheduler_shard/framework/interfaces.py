@@ -75,7 +75,7 @@ class UnitFilterPlugin:
     name = ""
     reason = ""
 
-    def relevant(self, tc: TaskClass) -> bool:
+    def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
         return True
 
     def excluded(self, tc: TaskClass, ctx: "UnitContext", state: ClusterArrays) -> Mask | None:

@@ -1,7 +1,9 @@
 """anti_affinity: keep tasks apart across a topology domain (node, zone, rack...).
 
 With no match labels it spreads the job's own tasks of the group (one per domain); with match
-labels it avoids domains holding any task of a job whose labels include them.
+labels it avoids domains holding any task of a job whose labels include them, and, the other way
+round as Kubernetes has it, a task whose job carries those labels avoids the domains of the tasks
+with such a rule (`ClusterArrays.repellers`).
 """
 
 import numpy as np
@@ -19,12 +21,14 @@ class AntiAffinityFilter(UnitFilterPlugin):
     name = "anti_affinity"
     reason = "anti-affinity"
 
-    def relevant(self, tc: TaskClass) -> bool:
-        return bool(tc.group.anti_affinity)
+    def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
+        return bool(tc.group.anti_affinity or state.repellers)
 
     def excluded(self, tc: TaskClass, ctx: UnitContext, state: ClusterArrays) -> Mask | None:
         job = ctx.unit.job
         out = np.zeros(state.n, np.bool_)
+        if job.labels and state.repellers:
+            _repelled_domains(set(job.labels), state, out)
         for rule in tc.group.anti_affinity:
             domains = domain_ids(state, rule.topology_key)
             taken: set[int] = set()
@@ -48,4 +52,16 @@ class AntiAffinityFilter(UnitFilterPlugin):
             taken = {int(domains[row]) for row in rows if domains[row] >= 0}
             if taken:
                 out |= np.isin(domains, list(taken))
-        return out
+        # None when nothing is excluded: the placer then keeps the class's cached scores.
+        return out if out.any() else None
+
+
+def _repelled_domains(labels: set[tuple[str, str]], state: ClusterArrays, out: Mask) -> None:
+    """Mark in `out` the domains of the residents whose rules repel a job with `labels` (the unit's
+    own placements of this attempt are in the view, so they count too)."""
+    for tid, row in state.repellers.items():
+        for rule in state.residents[row][tid].repels:
+            if set(rule.match_labels) <= labels:
+                domains = domain_ids(state, rule.topology_key)
+                if domains[row] >= 0:
+                    out |= domains == domains[row]
