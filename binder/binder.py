@@ -61,6 +61,9 @@ from gosched.common.store import Store
 
 log = logging.getLogger(__name__)
 
+# Versions below 2**40 are one incarnation's (next_epoch): a million changes a second for 12 days.
+EPOCH_BITS = 40
+
 Gpus = tuple[tuple[int, int], ...]
 
 # TaskReleased reason -> the state the task is stored in.
@@ -130,16 +133,20 @@ class Binder:
         self.vectorised = vectorised
         self.truth = BinderState()
         self._broken: BaseException | None = None
-        self._recover()
-        self.log = ChangeLog(base=self.store.load_version(), max_entries=max_log_entries)
+        stored = self.store.load_version()
+        base = next_epoch(stored)
+        if base != stored:
+            self.store.set_version(base)  # a restart before any change still starts a new epoch
+        self._recover(base)
+        self.log = ChangeLog(base=base, max_entries=max_log_entries)
 
     # -- recovery -----------------------------------------------------------------------------------
-    def _recover(self) -> None:
-        # Proposals planned before this binder started are refused on every node (NodeCurrent):
-        # what changed in the nodes' rules since their views is not known here.
+    def _recover(self, base: int) -> None:
+        # Proposals planned on an earlier incarnation's view are refused on every node
+        # (NodeCurrent): this one knows nothing of what that one had in memory only.
         for node in self.store.load_nodes():
             self.truth.upsert_node(node, 0)
-        self.truth.mark_all(self.store.load_version())
+        self.truth.mark_all(base)
         row_of = self.truth.arrays.row_of
         for bt in self.store.load_bound():
             row = row_of.get(bt.node)
@@ -521,6 +528,18 @@ class Binder:
             raise RuntimeError(
                 "the binder failed to persist a change; build a new Binder from the store"
             ) from (self._broken)
+
+
+def next_epoch(version: int) -> int:
+    """The first version of a binder recovered from a store at `version`: the next epoch's.
+
+    A version carries its binder's incarnation in its high bits, so every version of a recovered
+    binder is above any the last one reached, in the store or in memory only (its writer a few
+    batches behind when it died). A shard's view or plan of an earlier incarnation is never taken
+    for one of this: the shard resyncs, and its plans are refused (NodeCurrent), where they could
+    count on what was never durable, or miss what only the dead binder knew (a cancel). A store
+    with no change yet (version 0) has had no view to tell apart."""
+    return ((version >> EPOCH_BITS) + 1) << EPOCH_BITS if version else 0
 
 
 def _summarise(reasons: Iterable[str], limit: int = 3) -> str:

@@ -93,6 +93,7 @@ class StoreWriter:
         self._callbacks: deque[tuple[int, Callable[[], object]]] = deque()
         self._closing = False
         self.failure: str | None = None
+        self._told = False  # on_failure has run (drain() returns only then)
         self.busy_s = 0.0  # the writer's CPU seconds, as of its last ack
         self.acks = 0  # acks received: one per transaction the writer made
         self._reader = threading.Thread(target=self._read_acks, name="store-writer-acks", daemon=True)
@@ -137,7 +138,7 @@ class StoreWriter:
         """Wait until everything written so far is durable and its callbacks have run."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            while self._done < self._sent and self.failure is None:
+            while (self._done < self._sent and self.failure is None) or (self.failure and not self._told):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"the store writer has {self._sent - self._acked} batch(es) unwritten")
@@ -265,7 +266,8 @@ class StoreWriter:
             if self.on_failure is not None:
                 self.on_failure(why)
         finally:
-            with self._cond:  # a drain() already waiting returns once on_failure has run
+            with self._cond:  # a drain() returns only once on_failure has run
+                self._told = True
                 self._cond.notify_all()
 
 

@@ -29,7 +29,7 @@ from gosched.common.codec import decode, decode_job, encode, encode_job
 from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import Node
-from gosched.common.states import HOLDS_RESOURCES, JobState, TaskState
+from gosched.common.states import HOLDS_RESOURCES, LEGAL, JobState, TaskState
 
 SCHEMA_VERSION = 3
 # One row per task, replaced by each report: the agent's count is its run's total so far.
@@ -91,9 +91,28 @@ CREATE TABLE IF NOT EXISTS nodes (
 
 _INSERT_JOB = "INSERT INTO jobs (id, submission_id, spec, submit_time, state) VALUES (?, ?, ?, ?, ?)"
 _INSERT_TASK = "INSERT INTO tasks (task_id, job_id, idx, state, updated) VALUES (?, ?, ?, ?, ?)"
-_BIND = "UPDATE tasks SET state = 'bound', node = ?, gpus = ?, bound_at = ?, updated = ? WHERE task_id = ?"
+
+
+def _from_states(target: TaskState) -> str:
+    """SQL list of the stored states a row may move to `target` from (LEGAL), `target` included."""
+    sources = sorted({s.value for s, to in LEGAL.items() if target in to} | {target.value})
+    return "(" + ", ".join(f"'{v}'" for v in sources) + ")"
+
+
+# Two writers change task states, the dispatcher and the binder (its writer process a moment
+# behind): each write applies only where the stored state may legally move to the new one, so the
+# later of two racing writes never undoes a final word. A cancel the dispatcher stored is not
+# turned back into a binding or an eviction the binder made before it heard of the cancel, nor an
+# eviction into "running" by an agent's late report.
+_BIND = (
+    "UPDATE tasks SET state = 'bound', node = ?, gpus = ?, bound_at = ?, updated = ? "
+    f"WHERE task_id = ? AND state IN {_from_states(TaskState.BOUND)}"
+)
 # Back to pending (requeued): a new attempt, no node. Other states keep the node for the record.
-_SET_STATE = """
+_LEGAL_SQL = (
+    "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN state IN {_from_states(t)}" for t in TaskState) + " END"
+)
+_SET_STATE = f"""
 UPDATE tasks SET
     attempt  = attempt + (state != 'pending' AND ?1 = 'pending'),
     node     = CASE WHEN ?1 = 'pending' THEN NULL ELSE node END,
@@ -101,7 +120,7 @@ UPDATE tasks SET
     bound_at = CASE WHEN ?1 = 'pending' THEN NULL ELSE bound_at END,
     state    = ?1,
     updated  = ?2
-WHERE task_id = ?3
+WHERE task_id = ?3 AND {_LEGAL_SQL}
 """
 _SET_REASON = "UPDATE tasks SET reason = ? WHERE task_id = ?"
 _SET_META = (
@@ -446,6 +465,8 @@ class Store:
         ids = [row[4] for row in bind_rows]
         present = {r[0] for r in _task_rows(c, "task_id", ids)}
         missing_rows = [row for row in bind_rows if row[4] not in present]
+        if not missing_rows:
+            return  # every row is there: the ones not bound hold a state a binding may not undo
         missing_jobs: dict[str, Job] = {}
         for row in missing_rows:
             job_id, _ = split_task_id(row[4])
@@ -468,7 +489,9 @@ class Store:
         `reasons` by task id: why a failed task failed, in its agent's words.
 
         Moving to pending (requeue) starts a new attempt and clears node and GPUs; other states keep
-        the node the task ran on. Transitions are not checked here (see common.states).
+        the node the task ran on. A change applies only where the stored state may legally move
+        to it (common.states.LEGAL): where the binder's writes moved the row on first, theirs
+        stands (see _SET_STATE).
         """
         if not changes and not reasons:
             return

@@ -114,9 +114,10 @@ class Pipeline:
         reasons: Mapping[str, str] | None = None,
     ) -> None:
         """Tasks that ended on their node: free their resources and record the end (and, for a
-        failure, why: `reasons` by task id)."""
-        self.binder.release(task_ids, final.value)
-        self.dispatcher.on_released(task_ids, final, reasons)
+        failure, why: `reasons` by task id). Only the tasks the binder still held end so: one
+        evicted meanwhile ends as its eviction says (the binder's report), whatever its run said."""
+        released = self.binder.release(task_ids, final.value)
+        self.dispatcher.on_released(released, final, reasons)
         self.sync_shards()  # see the room now: a verdict on the old view would be trusted
 
     def cancel(self, job_id: str) -> None:

@@ -427,8 +427,10 @@ class RayControl:
     def finished(
         self, task_ids: Sequence[str], final: TaskState, reasons: Mapping[str, str] | None = None
     ) -> None:
-        ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
-        ray.get(self.rs.dispatcher.on_released.remote(list(task_ids), final.value, dict(reasons or {})))
+        # Only the tasks the binder still held: one a batch evicted meanwhile ends as the eviction
+        # (the binder's report) says, whatever its run said.
+        released: list[str] = ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
+        ray.get(self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {})))
         self._resync_shards()
 
     @_answered()

@@ -785,7 +785,8 @@ def test_a_failure_reason_outlives_a_restart(kind: str, tmp_path) -> None:
     )
     ends = [("f/0", TaskState.FAILED), ("g/0", TaskState.FAILED), ("g/1", B)]  # the binder's rows
     if kind == "sqlite":
-        store.commit(1, [], ends)
+        store.commit(1, [("f/0", "n1", ()), ("g/0", "n2", ()), ("g/1", "n2", ())], [])  # bound first
+        store.commit(2, [], ends)
         store.close()
         store = open_store()
     else:
