@@ -69,6 +69,11 @@ class AdoptedProcess:
         self.terminate = True
         proctrack.signal_group(self.pid, signal.SIGTERM)
 
+    def resume_kill(self, grace_s: float) -> None:
+        """Carry on a kill that a previous agent process began (its SIGTERM went out then): SIGKILL
+        once the `grace_s` left has run out. No second SIGTERM: a task may take that as "now"."""
+        self.kill_deadline = time.monotonic() + max(0.0, grace_s)
+
     def ended(self) -> bool:
         """Has it exited? Escalates a kill whose grace has run out."""
         if not self.alive():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cpu.max quota (EINVAL); kubelet raises it so too
 
 
 @dataclass(slots=True)
@@ -37,6 +38,11 @@ def detect(root: Path = ROOT, name: str = "gosched") -> CgroupSupport:
     return CgroupSupport(True, "", parent)
 
 
+def cpu_max(cpu_milli: int) -> str:
+    """cpu.max for `cpu_milli`: the quota per period, never under what the kernel accepts."""
+    return f"{max(MIN_QUOTA_US, cpu_milli * PERIOD_US // 1000)} {PERIOD_US}"
+
+
 @dataclass(slots=True)
 class TaskCgroup:
     path: Path
@@ -46,13 +52,17 @@ class TaskCgroup:
         assert support.parent is not None
         path = support.parent / task_id.replace("/", "_")
         path.mkdir(exist_ok=True)
-        if cpu_milli > 0:
-            (path / "cpu.max").write_text(f"{cpu_milli * PERIOD_US // 1000} {PERIOD_US}")
-        if memory > 0:
-            (path / "memory.max").write_text(str(memory))
-            swap = path / "memory.swap.max"
-            if swap.exists():
-                swap.write_text("0")  # over the limit means killed, not swapped
+        try:
+            if cpu_milli > 0:
+                (path / "cpu.max").write_text(cpu_max(cpu_milli))
+            if memory > 0:
+                (path / "memory.max").write_text(str(memory))
+                swap = path / "memory.swap.max"
+                if swap.exists():
+                    swap.write_text("0")  # over the limit means killed, not swapped
+        except OSError:
+            cls(path).remove()  # the task does not start: its cgroup would be left behind
+            raise
         return cls(path)
 
     @property

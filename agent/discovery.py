@@ -50,7 +50,7 @@ class MachineInfo:
     gpus: list[GpuInfo]
     driver_version: str = ""
     cuda_driver_version: str = ""
-    nvml_status: str = ""  # "ok", or why there are no GPUs
+    nvml_status: str = ""  # "ok" (and the GPUs left out, with why), or why there are no GPUs
 
     def to_node(
         self,
@@ -106,17 +106,25 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def discover_gpus(nvml: Any) -> tuple[list[GpuInfo], str, str]:
-    """GPUs as NVML reports them, with driver and CUDA driver versions. NVML must be initialised."""
+def discover_gpus(nvml: Any, skipped: list[str] | None = None) -> tuple[list[GpuInfo], str, str]:
+    """GPUs as NVML reports them, with driver and CUDA driver versions. NVML must be initialised.
+    A GPU NVML cannot open (lost, no permission) is left out, the others keep their NVML indexes;
+    why it was left out goes into `skipped`."""
     bad: list[str] = []
     driver = _ask(bad, "driver version", nvml, nvml.nvmlSystemGetDriverVersion)
     cuda = _ask(bad, "cuda driver version", nvml, nvml.nvmlSystemGetCudaDriverVersion)
     cuda_text = "" if cuda is None else f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
     count = int(nvml.nvmlDeviceGetCount())
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    lost: list[str] = []
+    handles = {i: _ask(lost, f"GPU {i}", nvml, nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)}
+    if lost:
+        log.warning("GPUs left out (NVML cannot open them): %s", "; ".join(lost))
+        if skipped is not None:
+            skipped.extend(lost)
+    opened = [(i, h) for i, h in handles.items() if h is not None]
     gpus: list[GpuInfo] = []
     bus_to_index: dict[str, int] = {}
-    for i, h in enumerate(handles):
+    for i, h in opened:
         g = GpuInfo(index=i)
         u = g.unsupported
         g.uuid = _text(_ask(u, "uuid", nvml, nvml.nvmlDeviceGetUUID, h) or "")
@@ -145,8 +153,14 @@ def discover_gpus(nvml: Any) -> tuple[list[GpuInfo], str, str]:
         if g.pci_bus_id:
             bus_to_index[g.pci_bus_id.lower()] = i
         gpus.append(g)
-    for g, h in zip(gpus, handles, strict=True):
-        g.nvlink_peers = _nvlink_peers(nvml, h, bus_to_index, g.unsupported)
+    switched: list[int] = []  # GPUs with a link to an NVSwitch
+    for g, (_, h) in zip(gpus, opened, strict=True):
+        g.nvlink_peers, on_switch = _nvlink_peers(nvml, h, bus_to_index, g.unsupported)
+        if on_switch:
+            switched.append(g.index)
+    for g in gpus:  # through the switches, each of those GPUs reaches all the others
+        if g.index in switched:
+            g.nvlink_peers = sorted({*(g.nvlink_peers or ()), *switched} - {g.index})
     if bad:
         log.info("NVML could not answer: %s", "; ".join(bad))
     return gpus, _text(driver or ""), cuda_text
@@ -173,25 +187,43 @@ def _mig_devices(nvml: Any, handle: object, unsupported: list[str]) -> list[str]
 
 def _nvlink_peers(
     nvml: Any, handle: object, bus_to_index: dict[str, int], unsupported: list[str]
-) -> list[int] | None:
+) -> tuple[list[int] | None, bool]:
+    """The GPUs this one is linked to directly (None: unknown), and whether a link goes to an
+    NVSwitch: there the remote PCI info is the switch's, which names no GPU."""
     peers: set[int] = set()
-    answered = False
+    answered = on_switch = False
     for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
         try:
             if not nvml.nvmlDeviceGetNvLinkState(handle, link):
                 answered = True
                 continue
+            if _remote_is_switch(nvml, handle, link):
+                answered = on_switch = True
+                continue
             remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
         except nvml.NVMLError as exc:
             if not answered and link == 0:
                 unsupported.append(f"nvlink: {exc}")
-                return None
+                return None, False
             break  # links past the last one the device has
         answered = True
         peer = bus_to_index.get(_text(remote.busId).lower())
         if peer is not None:
             peers.add(peer)
-    return sorted(peers) if answered else None
+    return (sorted(peers) if answered else None), on_switch
+
+
+def _remote_is_switch(nvml: Any, handle: object, link: int) -> bool:
+    """Does the link end at an NVSwitch? No when NVML cannot say (the query is unsupported, or
+    the library is too old to have it): the remote PCI info is then taken as a GPU's."""
+    query = getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+    if query is None:
+        return False
+    try:
+        kind = query(handle, link)
+    except nvml.NVMLError:
+        return False
+    return bool(kind == getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2))
 
 
 def load_nvml() -> tuple[ModuleType | None, str]:
@@ -215,8 +247,9 @@ def discover(nvml: Any | None = None, nvml_status: str = "") -> MachineInfo:
     driver = cuda = ""
     if nvml is not None:
         try:
-            gpus, driver, cuda = discover_gpus(nvml)
-            nvml_status = "ok"
+            skipped: list[str] = []
+            gpus, driver, cuda = discover_gpus(nvml, skipped)
+            nvml_status = "ok" if not skipped else f"ok; left out {'; '.join(skipped)}"
         except nvml.NVMLError as exc:
             nvml_status = f"NVML failed: {exc}"
     if not gpus:

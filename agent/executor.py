@@ -73,6 +73,8 @@ def task_env(spec: TaskSpec, base: dict[str, str] | None = None) -> dict[str, st
     env.update(spec.env)
     visible = ",".join(str(g) for g in spec.gpus)
     env["CUDA_VISIBLE_DEVICES"] = visible
+    # The indexes are NVML's, which counts GPUs by PCI bus id; CUDA counts fastest first unless told.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["NVIDIA_VISIBLE_DEVICES"] = visible or "none"
     env["GOSCHED_TASK_ID"] = spec.task_id
     if spec.nonce:

@@ -54,6 +54,7 @@ class Session:
     heartbeat_s: float
     closed: threading.Event = field(default_factory=threading.Event)
     call: grpc.Future | None = None  # the Connect call, once made
+    half_closed: bool = False  # the agent ended its side, its outbox drained (the link closing)
 
 
 class MasterLink:
@@ -197,6 +198,7 @@ class MasterLink:
         """Hold one session's stream until it breaks; returns why it ended."""
         first = self._registered(response)
         session = Session(response.node_name, response.session_id, response.heartbeat_interval_s)
+        self.outbox.new_stream()
         call = stub.Connect(self._requests(session, first))
         session.call = call
         with self._lock:
@@ -208,6 +210,8 @@ class MasterLink:
         try:
             for msg in call:
                 self._on_message(msg)
+            if session.half_closed:  # the master ends the stream once it has read all of it
+                self.outbox.drained()
         except grpc.RpcError as exc:
             why = _why(exc)
         finally:
@@ -224,6 +228,7 @@ class MasterLink:
             msg = self.outbox.take(TAKE_WAIT_S)
             if msg is None:
                 if self._draining.is_set():
+                    session.half_closed = True
                     return  # half-close: the master ends the stream once it has read everything
                 continue
             if session.closed.is_set() or (session.call is not None and session.call.done()):

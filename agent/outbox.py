@@ -1,5 +1,11 @@
 """Messages waiting to go up to the master. The outbox outlives a broken stream: what the old
-stream did not take goes out on the next one, so statuses queued while disconnected are not lost."""
+stream did not take goes out on the next one, so statuses queued while disconnected are not lost.
+
+The master acknowledges nothing: a log chunk taken by a stream may sit in its transport when the
+stream is cut. The outbox remembers where the chunks taken by the current stream start until that
+stream is known to have been read to its end (a drained close), so that an agent stopping with a
+stream it could not drain saves log offsets the next agent resumes from without a hole.
+"""
 
 import threading
 from collections import deque
@@ -24,6 +30,8 @@ class Outbox:
     def __init__(self) -> None:
         self._items: deque[agent_pb2.AgentMessage] = deque()
         self._cond = threading.Condition()
+        # (task, stream) -> the lowest offset of the log chunks the current stream took
+        self._taken: dict[tuple[str, str], int] = {}
 
     def __len__(self) -> int:
         with self._cond:
@@ -44,7 +52,23 @@ class Outbox:
         with self._cond:
             if not self._items:
                 self._cond.wait(timeout)
-            return self._items.popleft() if self._items else None
+            if not self._items:
+                return None
+            msg = self._items.popleft()
+            if msg.WhichOneof("body") == "log":
+                _lowest(self._taken, msg.log)
+            return msg
+
+    def new_stream(self) -> None:
+        """A stream starts taking messages: what an earlier one took is no longer tracked (it
+        went out, or was lost with that stream)."""
+        with self._cond:
+            self._taken.clear()
+
+    def drained(self) -> None:
+        """The master read the current stream to its end: what it took has arrived."""
+        with self._cond:
+            self._taken.clear()
 
     def wake(self) -> None:
         """Wake takers so that they look again at whether their stream is still open."""
@@ -55,6 +79,17 @@ class Outbox:
         with self._cond:
             self._items = deque(m for m in self._items if keep(m))
 
+    def log_offsets(self, *, taken: bool = False) -> dict[tuple[str, str], int]:
+        """The lowest offset of the log chunks waiting here, per (task, stream), and with `taken`
+        of those the current stream took without being drained since: what a state file saved now
+        must resume from, as those chunks are lost if the agent stops."""
+        with self._cond:
+            out = dict(self._taken) if taken else {}
+            for m in self._items:
+                if m.WhichOneof("body") == "log":
+                    _lowest(out, m.log)
+        return out
+
     def final_status_ids(self) -> set[str]:
         """Tasks whose final status is waiting here."""
         with self._cond:
@@ -63,3 +98,8 @@ class Outbox:
                 for m in self._items
                 if m.WhichOneof("body") == "task_status" and m.task_status.state in FINAL_STATES
             }
+
+
+def _lowest(offsets: dict[tuple[str, str], int], chunk: types_pb2.LogChunk) -> None:
+    key = (chunk.task_id, chunk.stream)
+    offsets[key] = min(offsets.get(key, chunk.offset), chunk.offset)

@@ -170,8 +170,11 @@ class AgentRunner:
                 worker.join(5)
                 self._link.close()
                 link.join(5)
+                # What still runs, for the next agent. It ships output again from the first log
+                # chunk the master is not known to have: queued, or taken by a stream the link
+                # could not drain (lost in its transport when it was cut).
                 with self._lock:
-                    self._state.save(tasks.snapshot())  # what still runs, for the next agent
+                    self._state.save(tasks.snapshot(self._outbox.log_offsets(taken=True)))
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
@@ -383,7 +386,8 @@ class AgentRunner:
 
     def _save(self, tasks: TaskTable, now: float) -> None:
         try:
-            self._state.save(tasks.snapshot())
+            # The offsets of chunks still queued: the outbox is lost if the agent dies.
+            self._state.save(tasks.snapshot(self._outbox.log_offsets()))
         except OSError as exc:
             log.warning("could not write the agent state %s: %s", self._state.path, exc)
         tasks.dirty = False

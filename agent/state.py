@@ -38,6 +38,11 @@ class SavedTask:
     final_exit_code: int = 0
     final_message: str = ""
     restarts: int = 0  # a service's restarts in this run, so far (reported to the master)
+    # A kill in progress, so that a restarted agent carries it on: the final status's message, when
+    # SIGKILL is due (unix seconds; 0: none), and whether the master no longer expects the task.
+    killed: str | None = None
+    kill_deadline: float = 0.0
+    stale: bool = False
 
     @staticmethod
     def encode_launch(msg: agent_pb2.LaunchTask) -> str:

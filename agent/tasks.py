@@ -12,7 +12,7 @@ import logging
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, cast
@@ -115,6 +115,7 @@ class TaskRecord:
     restart_time: float = 0.0  # when (unix seconds)
     killed: str | None = None  # set when killed on purpose: the message of its final status
     stale: bool = False  # the master does not expect it: killed, never reported
+    kill_deadline: float = 0.0  # when a kill's SIGKILL is due (unix seconds: saved for the next agent)
     final: agent_pb2.TaskStatus | None = None  # it ended; sent once its logs are shipped
     relaunch: agent_pb2.LaunchTask | None = None  # a launch that waits for the stale run to end
     # The waiting launch was killed before it started: the master waits for its end (this
@@ -260,10 +261,17 @@ class TaskTable:
         return out
 
     # -- state file ----------------------------------------------------------------------------------
-    def snapshot(self) -> list[SavedTask]:
+    def snapshot(self, unsent: Mapping[tuple[str, str], int] | None = None) -> list[SavedTask]:
+        """What the state file keeps. `unsent`: the lowest offset of each (task, stream)'s log
+        chunks the master may not have (Outbox.log_offsets): the saved offsets go back to them, or
+        the next agent would resume past bytes the master never got (a hole in its log)."""
+        unsent = unsent or {}
         out = []
         for rec in self.records.values():
             final = rec.final
+            out_at, err_at = (
+                min(s.offset, unsent.get((rec.task_id, s.name), s.offset)) for s in rec.logs.streams
+            )
             out.append(
                 SavedTask(
                     task_id=rec.task_id,
@@ -272,8 +280,8 @@ class TaskTable:
                     create_time=rec.created,
                     stdout=str(rec.logs.stdout.path),
                     stderr=str(rec.logs.stderr.path),
-                    stdout_offset=rec.logs.stdout.offset,
-                    stderr_offset=rec.logs.stderr.offset,
+                    stdout_offset=out_at,
+                    stderr_offset=err_at,
                     container_runtime=rec.container.runtime if rec.container else "",
                     container_name=rec.container.name if rec.container else "",
                     cgroup=rec.cgroup,
@@ -283,6 +291,9 @@ class TaskTable:
                     final_exit_code=final.exit_code if final is not None else 0,
                     final_message=final.message if final is not None else "",
                     restarts=rec.restarts,
+                    killed=rec.killed,
+                    kill_deadline=rec.kill_deadline,
+                    stale=rec.stale,
                 )
             )
         return out
@@ -299,7 +310,15 @@ class TaskTable:
                 continue
             logs = TaskLogs.of(s.task_id, Path(s.stdout), Path(s.stderr), (s.stdout_offset, s.stderr_offset))
             rec = TaskRecord(
-                msg, logs, cgroup=s.cgroup, exit_file=s.exit_file, nonce=s.nonce, restarts=s.restarts
+                msg,
+                logs,
+                cgroup=s.cgroup,
+                exit_file=s.exit_file,
+                nonce=s.nonce,
+                restarts=s.restarts,
+                killed=s.killed,  # a kill's end is the kill's, never a service's crash to restart
+                stale=s.stale,
+                kill_deadline=s.kill_deadline,
             )
             if s.container_name:
                 rec.container = Container(s.container_runtime, s.container_name)
@@ -311,6 +330,8 @@ class TaskTable:
                 rec.pid, rec.created = s.pid, s.create_time
                 rec.adopted = AdoptedProcess(s.pid, s.create_time, s.nonce, s.cgroup, s.exit_file)
                 rec.started_at = time.monotonic()
+                if rec.kill_deadline:  # being killed: SIGKILL when the grace left runs out
+                    rec.adopted.resume_kill(rec.kill_deadline - time.time())
                 alive += 1
             elif s.pid and rec.exit_file and read_status(rec.exit_file) is not None:
                 self._ended(rec, *self._adopted_exit(rec))  # it ended while no agent watched
@@ -374,6 +395,8 @@ class TaskTable:
         return None
 
     def _signal(self, rec: TaskRecord, grace_s: float) -> None:
+        rec.kill_deadline = time.time() + grace_s
+        self.dirty = True  # the state file keeps the kill, for an agent restarted meanwhile
         if rec.adopted is not None:
             rec.adopted.kill(grace_s)
         else:

@@ -18,7 +18,8 @@ tasks are queued again (a gang that drops below its min_member is evicted whole)
 comes back, it is told the tasks the master expects there (none of the requeued ones), and kills
 the rest, so nothing runs twice. An agent that registers again while its session is known is
 expected to run what that session was sent (a task bound meanwhile is launched), and the kills in
-flight carry over: their runs' ends (and last output) are the kills', never a new run's.
+flight carry over, sent again on the new stream (the old one may have lost them): their runs' ends
+(and last output) are the kills', never a new run's.
 
 Nodes registered by an agent carry the label AGENT_LABEL; after a master restart those nodes are
 given `node_timeout_s` plus the agents' longest registration backoff to reconnect before their
@@ -68,6 +69,14 @@ LIVE_HEARTBEATS = 3
 LOG_OWNERS_KEPT = 100_000  # tasks whose latest launch's node is remembered (the oldest go first)
 
 
+@dataclass(frozen=True, slots=True)
+class _Kill:
+    """A kill sent to an agent and not yet answered."""
+
+    msg: agent_pb2.KillTask  # sent again to the agent's next session: the old stream may have lost it
+    until: float  # when it expires unanswered (monotonic)
+
+
 @dataclass
 class AgentSession:
     node: str
@@ -81,7 +90,7 @@ class AgentSession:
     # Tasks told to stop, until their end is reported (or the grace period and some are over): that
     # end belongs to the killed run, and a relaunch waits for it, so an old run never stands in for
     # a new placement of the same task.
-    killing: dict[str, float] = field(default_factory=dict)
+    killing: dict[str, _Kill] = field(default_factory=dict)
     # What each run launched from this session holds (memory, GPU indexes), kept while it is
     # being stopped: the room of a run that has not ended yet is not free on the machine.
     uses: dict[str, tuple[int, frozenset[int]]] = field(default_factory=dict)
@@ -231,8 +240,14 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                     session.sent = {t: old.sent[t] for t in resident if t in old.sent}
                     # Runs being stopped stay so: their ends are the kills', and the room they
                     # hold is not free until then (a relaunch waits for them).
-                    session.killing = dict(old.killing)
                     session.uses = {t: old.uses[t] for t in old.killing if t in old.uses}
+                    # Each kill is sent again on the new stream (the old one may have died with it
+                    # unsent; the agent ignores a kill it already carries out), its answer due anew.
+                    now = time.monotonic()
+                    for tid, kill in old.killing.items():
+                        until = now + kill.msg.grace_period_s + KILL_ANSWER_S
+                        session.killing[tid] = _Kill(kill.msg, until)
+                        session.outbox.put(agent_pb2.SchedulerMessage(kill=kill.msg))
                 self.sessions[node.name] = session
                 self._reports.nodes.pop(node.name, None)  # older than the node just registered
                 # The agent keeps the runs being stopped, so their ends (and last output) come.
@@ -474,7 +489,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         now = time.monotonic()
         for s in live:
             with self._lock:  # a kill never answered (the task had already gone) expires
-                for tid in [tid for tid, until in s.killing.items() if until < now]:
+                for tid in [tid for tid, kill in s.killing.items() if kill.until < now]:
                     del s.killing[tid]
                     s.uses.pop(tid, None)
                 killing = set(s.killing)
@@ -503,11 +518,11 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         for node, tids in kills.items():
             s = by_node[node]
             for tid in tids:
-                with self._lock:
-                    s.sent.pop(tid, None)
-                    s.killing[tid] = now + self.kill_grace_s + KILL_ANSWER_S
                 reason = _kill_reason(tid, snaps.get(split_task_id(tid)[0]))
                 kill = agent_pb2.KillTask(task_id=tid, grace_period_s=self.kill_grace_s, reason=reason)
+                with self._lock:
+                    s.sent.pop(tid, None)
+                    s.killing[tid] = _Kill(kill, now + self.kill_grace_s + KILL_ANSWER_S)
                 s.outbox.put(agent_pb2.SchedulerMessage(kill=kill))
         for node, tids in launches.items():
             s = by_node[node]
