@@ -126,7 +126,7 @@ def test_wal_mode_and_schema(db: Path) -> None:
     with Store(db) as s:
         assert s.journal_mode == "wal"
         assert s.schema_version == SCHEMA_VERSION
-        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent in the file
     raw.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,))
