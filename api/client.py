@@ -15,6 +15,7 @@ Every failed call raises a `GoschedError` subclass carrying the gRPC code and th
 """
 
 import builtins
+import math
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,10 @@ __all__ = [
 ]
 
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# gRPC turns a timeout into a deadline from now: one beyond about 3e9 s (infinity included)
+# overflows into a deadline already passed, and the call fails at once. A billion seconds (31
+# years) is as good as none.
+MAX_TIMEOUT_S = 1e9
 T = TypeVar("T")
 
 
@@ -132,7 +137,7 @@ class Client:
 
     def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(request, timeout=_grpc_timeout(self.timeout if timeout is None else timeout))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
@@ -236,8 +241,9 @@ class Client:
         return str(reply.explanation)
 
     def watch(self, job_id: str, *, timeout: float | None = None) -> Iterator[JobInfo]:
-        """The job now, then every change; ends after a final state (DeadlineExceeded after `timeout`)."""
-        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id), timeout=timeout)
+        """The job now, then every change; ends after a final state (DeadlineExceeded after `timeout`
+        seconds; None or infinity: no deadline)."""
+        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id), timeout=_grpc_timeout(timeout))
         try:
             for event in stream:
                 yield convert.job_info_from_proto(event.job)
@@ -279,14 +285,15 @@ class Client:
         """A task's output (`stream` "stdout" or "stderr") in chunks, from `offset` as far as the
         master has it; with `follow`, then what comes until the task ends.
 
-        `timeout` bounds the whole stream (default: the unary timeout, none when following).
+        `timeout` bounds the whole stream (default: the unary timeout, none when following;
+        infinity: none).
         """
         request = jobs_pb2.LogsRequest(
             job_id=job_id, task_index=task, follow=follow, stream=stream, offset=offset
         )
         if timeout is None and not follow:  # a plain read ends on its own; a follow may run for hours
             timeout = self.timeout
-        call = self._jobs.StreamLogs(request, timeout=timeout)
+        call = self._jobs.StreamLogs(request, timeout=_grpc_timeout(timeout))
         try:
             for chunk in call:
                 yield bytes(chunk.data)
@@ -330,6 +337,16 @@ class Client:
         return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
 
 
+def _grpc_timeout(timeout: float | None) -> float | None:
+    """`timeout` as gRPC can take it: None or infinity is no deadline, a longer one than
+    MAX_TIMEOUT_S is capped to it; NaN is a ValueError."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if math.isnan(timeout):
+        raise ValueError("timeout: must be a number of seconds, got nan")
+    return min(timeout, MAX_TIMEOUT_S)
+
+
 def _spec_message(spec: Mapping[str, Any] | Job, where: str = "") -> pb.JobSpec:
     """The JobSpec message of a spec dict (validated here, so a bad one fails without a round trip;
     `where` prefixes the field in the error) or of a Job."""
@@ -339,7 +356,8 @@ def _spec_message(spec: Mapping[str, Any] | Job, where: str = "") -> pb.JobSpec:
         job = job_from_spec(spec)
     except SpecError as exc:
         raise InvalidArgument(f"{where}{exc}", field=f"{where}{exc.field}") from None
-    return convert.job_to_proto_spec(job, submit_time="submit_time" in spec)
+    # An id the spec does not name is left to the server: one made here would read as chosen.
+    return convert.job_to_proto_spec(job, submit_time="submit_time" in spec, job_id="id" in spec)
 
 
 def _as_state(value: JobState | str, what: str) -> JobState:

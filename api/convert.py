@@ -290,11 +290,15 @@ def job_spec_from_dict(spec: Mapping[str, Any]) -> pb.JobSpec:
     return msg
 
 
-def job_to_proto_spec(job: Job, *, submit_time: bool = True) -> pb.JobSpec:
-    """The JobSpec message of a Job; `job_from_proto` turns it back into the same Job."""
+def job_to_proto_spec(job: Job, *, submit_time: bool = True, job_id: bool = True) -> pb.JobSpec:
+    """The JobSpec message of a Job; `job_from_proto` turns it back into the same Job. Without
+    `submit_time` the server stamps it; without `job_id` the server generates the id, as for a spec
+    that names none (the same for every retry of a submission id: dispatcher.same_request)."""
     spec = job_to_spec(job)
     if not submit_time:
         spec.pop("submit_time", None)
+    if not job_id:
+        spec.pop("id", None)
     return job_spec_from_dict(spec)
 
 

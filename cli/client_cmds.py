@@ -18,7 +18,7 @@ from gosched.api.client import Client, DeadlineExceeded, InvalidArgument
 from gosched.api.convert import JobInfo
 from gosched.cli import output as out
 from gosched.cli.exits import CliError, ExitCode, reported
-from gosched.cli.flags import security_flag_error
+from gosched.cli.flags import check_seconds, refuse, security_flag_error
 from gosched.cli.output import Format
 from gosched.cli.progress import Progress
 from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
@@ -151,6 +151,11 @@ def submit(
     ] = None,
 ) -> None:
     """Submit a job from a file (-f) or from flags and the command after --; prints its id."""
+    if timeout is not None:
+        try:
+            check_seconds("--timeout", timeout, zero=True)  # no --timeout is the endless wait, not inf
+        except ValueError as exc:
+            refuse(exc)
     flags = JobFlags(
         command=tuple(command or ()),
         cpus=cpus,

@@ -144,7 +144,11 @@ def _gpus_held(gpus: Sequence[tuple[int, int]]) -> str:
 def _when(t: float) -> str:
     if not t:
         return "-"
-    stamp = datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+    try:
+        stamp = datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        # Past datetime's range (a deadline stored before specs refused those): the number itself.
+        return f"{t!r} (unix seconds)"
     ahead = t - time.time()
     # A deadline may lie ahead; age() clamps negatives (clock skew) to 0s, so say "in" instead.
     return f"{stamp} (in {h.age(ahead)})" if ahead > 0 else f"{stamp} ({h.age(-ahead)} ago)"

@@ -2,8 +2,8 @@
 
 Validated at load with errors that name the field. Every component reads its part of it. Merged
 key by key: a nested env var or flag changes one key of a section; lists are replaced whole. The
-profile's plugin names are checked by the CLI (`cli/master_cmds.checked_settings`), not here: the
-plugins live in the shard's package.
+profile's plugin names, and that its filters include those the binder checks again, are checked by
+the CLI (`cli/master_cmds.checked_settings`), not here: the plugins live in the shard's package.
 """
 
 import difflib
@@ -11,6 +11,7 @@ import enum
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -60,6 +61,12 @@ class QueueConfig(BaseModel):
     @classmethod
     def _positive_weights(cls, v: dict[str, float]) -> dict[str, float]:
         for tenant, w in v.items():
+            # A job's tenant has the queue-name syntax (common/spec.py): any other key never matches.
+            if not (len(tenant) <= 63 and re.fullmatch(NAME_PATTERN, tenant)):
+                raise ValueError(
+                    f"tenant_weights[{tenant!r}]: not a valid tenant name (1-63 lowercase letters, "
+                    "digits, '-', '_', '.', starting and ending with a letter or digit)"
+                )
             if not (math.isfinite(w) and w > 0):  # `w <= 0` alone lets NaN through
                 raise ValueError(f"weight of tenant {tenant!r} must be a finite number > 0, got {w}")
         return v
@@ -123,7 +130,9 @@ MINIMAL_PROFILE = ProfileConfig(
     name="minimal",
     locating=["partition_first"],
     grouping=[],
-    filters=["node_ready", "resources_fit"],
+    # The filters the binder checks again (scheduler_shard/framework/profile.py REQUIRED_FILTERS);
+    # anti_affinity costs nothing for a task without such rules.
+    filters=["node_ready", "resources_fit", "anti_affinity"],
     scores=[],
     victim_searching=[],
     candidate_sorting=[],

@@ -8,7 +8,8 @@ every valid job in canonical form (mapping-like pairs sorted by key, as `job_fro
 
 Job spec (every key optional unless marked)::
 
-    id: train-42               # [A-Za-z0-9._-], <= 128 chars; absent: "job-<12 hex>"
+    id: train-42               # [A-Za-z0-9._-], <= 128 chars; absent: "job-<12 hex>", random, or
+                               #   with a submission_id a digest of it (generated_job_id)
     tenant: team-a             # queue-name syntax (QueueConfig.name): [a-z0-9]([-a-z0-9_.]*[a-z0-9])?
     queue: default             # same syntax; must be one of known_queues when those are given
     priority: 0                # int in [-1000000, 1000000]
@@ -16,14 +17,16 @@ Job spec (every key optional unless marked)::
     preemptible: true
     kind: batch                # batch | service
     deadline: 1735689600.0     # unix seconds or ISO-8601 ("2025-01-01T00:00:00Z"; no zone: UTC; an
-                               #   unquoted YAML date/time works too); after `now` when now is given
+                               #   unquoted YAML date/time works too); when `now` is given, after it
+                               #   and not after 9999-12-31T23:59:59Z
     labels: {team: vision}     # Kubernetes label syntax
     disruption_budget: 2       # int >= 0, or null: no limit
     submit_time: 1735680000.0  # default: `now` (or the current time). Not after now + 60 s when now is
                                #   given: the priority queue orders by aging*submit_time - priority, so
                                #   a future time would jump the queue past any priority. Past times are
                                #   fine (restores and replays keep the original time).
-    submission_id: cli-7f3a    # <= 128 chars
+    submission_id: cli-7f3a    # <= 128 chars; a retry under it returns the job first submitted
+                               #   with it, if it names the same id (or none) and repeats the spec
     groups:                    # required unless the flat form is used; roles unique
       - role: worker           # label-name syntax, default "main"
         replicas: 4            # 1..100000, default 1
@@ -83,6 +86,7 @@ effect). Quantities take numbers or quantity strings. Unknown keys are errors.
 """
 
 import difflib
+import hashlib
 import math
 import re
 import shlex
@@ -135,6 +139,9 @@ MAX_ARG_BYTES = 32 * 4096 - 1
 MAX_ARGV_ENV_BYTES = 1024 * 1024
 MIB = 2**20
 MAX_CLOCK_SKEW_S = 60.0  # how far ahead of the server's clock a client's submit_time may be
+# The last second of 9999-12-31 UTC: later times have no date (datetime's range), so they could not
+# be shown (describe) or written back as ISO-8601.
+MAX_DEADLINE = 253402300799.0
 
 _MISSING: Any = object()  # "key absent", distinct from an explicit null
 
@@ -312,9 +319,18 @@ def _name(value: object, path: str, pattern: re.Pattern[str], max_len: int, rule
     return text
 
 
-def _job_id(value: object, path: str) -> str:
+def generated_job_id(submission_id: str = "") -> str:
+    """The id of a job whose spec names none: "job-<12 hex>", random, or with a submission id a
+    digest of it. So every retry of a submission that names no id gets the same one, and the
+    dispatcher tells it from an id the client chose (dispatcher.same_request)."""
+    if submission_id:
+        return f"job-{hashlib.sha256(submission_id.encode()).hexdigest()[:12]}"
+    return f"job-{uuid.uuid4().hex[:12]}"
+
+
+def _job_id(value: object, path: str, submission_id: str) -> str:
     if value is _MISSING:
-        return f"job-{uuid.uuid4().hex[:12]}"
+        return generated_job_id(submission_id)
     return _name(value, path, _ID, MAX_ID_LEN, "use letters, digits, '.', '_' and '-'")
 
 
@@ -743,6 +759,10 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
         deadline = _number(value, path)
     if deadline <= 0:
         _fail(path, f"must be after 1970-01-01, got {value!r}")
+    # Checked at submission only (`now` given), as the one below: a job taken before either check
+    # must stay readable (clients read jobs back through this function).
+    if now is not None and deadline > MAX_DEADLINE:
+        _fail(path, f"{_short(value)} is past 9999-12-31T23:59:59Z, the latest time a deadline may be")
     if now is not None and deadline <= now:
         _fail(path, f"{value!r} is not in the future (now is {_iso(now)})")
     return deadline
@@ -807,8 +827,9 @@ def job_from_spec(
         submit_time = _submit_time(root["submit_time"], "submit_time", now)
     else:
         submit_time = time.time() if now is None else now
+    submission_id = _str(root.get("submission_id", ""), "submission_id", MAX_ID_LEN)
     return Job(
-        id=_job_id(root.get("id", _MISSING), "id"),
+        id=_job_id(root.get("id", _MISSING), "id", submission_id),
         groups=groups,
         tenant=_queue_name(root.get("tenant", "default"), "tenant"),
         queue=queue,
@@ -820,7 +841,7 @@ def job_from_spec(
         labels=_labels(root.get("labels", {}), "labels"),
         disruption_budget=None if budget is None else _int(budget, "disruption_budget", lo=0),
         submit_time=submit_time,
-        submission_id=_str(root.get("submission_id", ""), "submission_id", MAX_ID_LEN),
+        submission_id=submission_id,
     )
 
 

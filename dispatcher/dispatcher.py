@@ -47,6 +47,7 @@ from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.messages import BindReply, QueueFloor, RejectedUnit, Unit, UnitBatch, Unschedulable
 from gosched.common.snapshots import JobSnapshot
+from gosched.common.spec import generated_job_id
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
@@ -218,6 +219,13 @@ class Dispatcher:
             first = in_batch or self._submitted_as(sid)
             if first is not None:
                 if not same_request(job, first):
+                    if same_request(replace(job, id=first.id), first):  # only the id differs
+                        raise SpecError(
+                            "submission_id",
+                            f"{sid!r} was first used for job {first.id}, and this request names job "
+                            f"{job.id}: a retry names the first job's id or none (a new job needs a "
+                            "new submission id)",
+                        )
                     raise SpecError(
                         "submission_id",
                         f"{sid!r} was first used for job {first.id} with another spec: a retry "
@@ -1265,9 +1273,12 @@ def backoff_delay(base: float, cap: float, failures: int) -> float:
 
 
 def same_request(job: Job, first: Job) -> bool:
-    """`job` repeats the request that submitted `first`: the same spec, whatever id was generated
-    for each, when each was stamped, or where a relative deadline ("in 2h") put each one."""
-    return replace(job, id=first.id, submit_time=first.submit_time, deadline=first.deadline) == first
+    """`job` repeats the request that submitted `first`: the same spec, whenever each was stamped or
+    wherever a relative deadline ("in 2h") put each one, and the same id unless `job` named none
+    (its id is the one generated for its submission id: a retry need not repeat a generated id)."""
+    named = job.id != generated_job_id(job.submission_id)
+    job_id = job.id if named else first.id
+    return replace(job, id=job_id, submit_time=first.submit_time, deadline=first.deadline) == first
 
 
 def _fits(cpu: int, mem: int, gpu: int, free: list[int]) -> bool:

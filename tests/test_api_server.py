@@ -117,11 +117,11 @@ def test_gang_job_is_bound(client: Client) -> None:
 
 def test_submission_id_is_idempotent(client: Client, server: ServerHandle) -> None:
     first = client.submit(too_big(), submission_id="once")
-    again = client.submit(too_big(), submission_id="once")  # a new random id, the same submission
+    again = client.submit(too_big(), submission_id="once")  # no id named: the same submission
     assert again == first
     with grpc.insecure_channel(server.target) as channel:
         stub = jobs_pb2_grpc.JobServiceStub(channel)
-        spec = convert.job_to_proto_spec(job_from_spec(too_big()), submit_time=False)
+        spec = convert.job_to_proto_spec(job_from_spec(too_big()), submit_time=False, job_id=False)
         reply = stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec, submission_id="once"), timeout=5)
     assert (reply.job_id, reply.created) == (first, False)
     other = too_big()

@@ -7,6 +7,7 @@ import pytest
 from gosched.common.config import QueueConfig
 from gosched.common.errors import IllegalTransition, SpecError
 from gosched.common.messages import AcceptedUnit, BindReply, Eviction, Placement, RejectedUnit
+from gosched.common.spec import generated_job_id
 from gosched.common.states import JobState, TaskState
 from gosched.dispatcher import Dispatcher
 from gosched.dispatcher.dispatcher import backoff_delay
@@ -919,8 +920,9 @@ def test_a_submission_id_answers_only_a_repeat_of_its_first_request(tmp_path) ->
     first = make_job("a").cpu("1").build()
     s = "key-1"
     assert d.submit_many([replace_sub(first, s)]) == ["a"]
-    # A retry: a newly generated id, a later stamp: the first job is the answer.
-    assert d.submit(replace_sub(make_job("b").cpu("1").submitted(5.0).build(), s)) == "a"
+    # A retry that names no id (it is generated from the submission id), a later stamp: the
+    # first job is the answer.
+    assert d.submit(replace_sub(make_job(generated_job_id(s)).cpu("1").submitted(5.0).build(), s)) == "a"
     for changed in (make_job("c").cpu("2").build(), make_job("c").cpu("1").priority(3).build()):
         with pytest.raises(SpecError, match="first used for job a with another spec") as err:
             d.submit(replace_sub(changed, s))
@@ -932,7 +934,7 @@ def test_a_submission_id_answers_only_a_repeat_of_its_first_request(tmp_path) ->
             [replace_sub(make_job("x").build(), "k2"), replace_sub(make_job("y").cpu("3").build(), "k2")]
         )
     d2, _ = dispatcher(store=store)  # known to the store only (not restored): still checked
-    assert d2.submit(replace_sub(make_job("z").cpu("1").build(), s)) == "a"
+    assert d2.submit(replace_sub(make_job(generated_job_id(s)).cpu("1").build(), s)) == "a"
     with pytest.raises(SpecError, match="another spec"):
         d2.submit(replace_sub(make_job("z").cpu("5").build(), s))
 

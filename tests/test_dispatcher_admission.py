@@ -6,6 +6,7 @@ import pytest
 
 from gosched.common.config import AdmissionConfig
 from gosched.common.errors import AdmissionRejected, SpecError
+from gosched.common.spec import generated_job_id
 from gosched.dispatcher.admission import AdmissionController, TokenBucket
 from gosched.dispatcher.store import MemoryStore
 from tests.builders import make_job
@@ -146,8 +147,8 @@ def test_same_submission_id_returns_the_existing_job():
     store = MemoryStore()
     d, _ = dispatcher(store=store, admission=limits(rate=1.0, burst=1))
     assert d.submit(job("a", submission="s1")) == "a"
-    # a retry (even with a new job id) is answered from memory without a token or a new row
-    assert d.submit(job("a-retry", submission="s1")) == "a"
+    # a retry (naming no id: the one generated for s1) is answered from memory without a token or a new row
+    assert d.submit(job(generated_job_id("s1"), submission="s1")) == "a"
     assert list(store.jobs) == ["a"]
     assert d.pending_count() == 1
 
@@ -155,7 +156,8 @@ def test_same_submission_id_returns_the_existing_job():
 def test_duplicates_inside_one_batch():
     store = MemoryStore()
     d, _ = dispatcher(store=store)
-    ids = d.submit_many([job("a", submission="s1"), job("b", submission="s2"), job("c", submission="s1")])
+    again = job(generated_job_id("s1"), submission="s1")  # names no id
+    ids = d.submit_many([job("a", submission="s1"), job("b", submission="s2"), again])
     assert ids == ["a", "b", "a"]
     assert sorted(store.jobs) == ["a", "b"]
 
@@ -165,7 +167,7 @@ def test_submission_known_only_to_the_store():
     d1, _ = dispatcher(store=store)
     d1.submit(job("a", submission="s1"))
     d2, _ = dispatcher(store=store)  # a new dispatcher that has not restored
-    assert d2.submit(job("a2", submission="s1")) == "a"
+    assert d2.submit(job(generated_job_id("s1"), submission="s1")) == "a"
     assert store.calls["add_jobs"] == 1
 
 
@@ -175,7 +177,7 @@ def test_submission_idempotency_with_sqlite(tmp_path):
     d1, _ = dispatcher(store=store)
     assert d1.submit(job("a", submission="s1")) == "a"
     d2, _ = dispatcher(store=store_mod.Store(str(tmp_path / "gosched.db")))
-    assert d2.submit(job("a2", submission="s1")) == "a"
+    assert d2.submit(job(generated_job_id("s1"), submission="s1")) == "a"
     assert [j.id for j, _ in store.load_jobs()] == ["a"]
 
 

@@ -219,30 +219,30 @@ def test_drf_counts_units_in_flight():
 
 def test_drf_tenant_weights():
     d, _ = dispatcher(
-        QueueConfig(name="default", policy="drf", tenant_weights={"A": 3.0}), shards=1, batch_size=1
+        QueueConfig(name="default", policy="drf", tenant_weights={"a": 3.0}), shards=1, batch_size=1
     )
     d.set_cluster_capacity(100 * CPU, 0, 0)
-    d.submit_many([make_job(f"a{i}").tenant("A").cpu("1").build() for i in range(50)])
-    d.submit_many([make_job(f"b{i}").tenant("B").cpu("1").build() for i in range(50)])
+    d.submit_many([make_job(f"a{i}").tenant("a").cpu("1").build() for i in range(50)])
+    d.submit_many([make_job(f"b{i}").tenant("b").cpu("1").build() for i in range(50)])
     for _ in range(40):
         d.on_reply(accept(units(d.next_batches())))
     shares = d.usage.shares("tenant")
-    assert shares["A"] / shares["B"] == pytest.approx(3.0, rel=0.1)
+    assert shares["a"] / shares["b"] == pytest.approx(3.0, rel=0.1)
 
 
 def test_fair_share_weights_two_to_one_give_usage_two_to_one():
     d, _ = dispatcher(
-        QueueConfig(name="default", policy="fair", tenant_weights={"A": 2.0, "B": 1.0}),
+        QueueConfig(name="default", policy="fair", tenant_weights={"a": 2.0, "b": 1.0}),
         shards=1,
         batch_size=4,
     )
     d.set_cluster_capacity(64 * CPU, 256 * GI, 16 * 1000)
-    d.submit_many([make_job(f"a{i}").tenant("A").cpu("1").mem("4Gi").build() for i in range(100)])
-    d.submit_many([make_job(f"b{i}").tenant("B").cpu("1").mem("4Gi").build() for i in range(100)])
+    d.submit_many([make_job(f"a{i}").tenant("a").cpu("1").mem("4Gi").build() for i in range(100)])
+    d.submit_many([make_job(f"b{i}").tenant("b").cpu("1").mem("4Gi").build() for i in range(100)])
     for _ in range(12):
         d.on_reply(accept(units(d.next_batches())))
-    a = d.usage.usage("tenant", "A", "held")
-    b = d.usage.usage("tenant", "B", "held")
+    a = d.usage.usage("tenant", "a", "held")
+    b = d.usage.usage("tenant", "b", "held")
     assert a[0] + b[0] == 48 * CPU
     assert a[0] / b[0] == pytest.approx(2.0, abs=0.1)
 

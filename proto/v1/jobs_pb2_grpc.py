@@ -83,6 +83,7 @@ class JobServiceServicer:
 
     def SubmitJob(self, request, context):
         """Admit a job. Idempotent by submission_id: a repeat returns the job first accepted under it.
+        A repeat names that job's id or none (INVALID_ARGUMENT for another id, or another spec).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -33,10 +33,21 @@ class Profile:
         return [*self.static_filters, *self.dynamic_filters]
 
 
+# The filters whose rule the binder's stages check again (binder/stages.py: node_schedulable,
+# resources_fit with gpus_free, anti_affinity). A shard without one proposes what the binder always
+# refuses, and a refused unit is retried at once: the job would loop without end, starving others.
+REQUIRED_FILTERS = {
+    "resources_fit": "placements that do not fit (cpu, memory, extended resources, GPUs)",
+    "node_ready": "placements on nodes not ready, cordoned or draining",
+    "anti_affinity": "placements that break a task's anti-affinity",
+}
+
+
 def check_profile(cfg: ProfileConfig) -> None:
     """ValueError naming the first plugin of `cfg` that is unknown or of the wrong kind, as
-    `profile.<list>[i]: reason`: config loading asks this, so that a typo is a configuration
-    error before anything starts."""
+    `profile.<list>[i]: reason`, or a filter the binder checks again missing from
+    `profile.filters`: config loading asks this, so that a typo is a configuration error before
+    anything starts."""
     filter_kinds: tuple[type, ...] = (FilterPlugin, UnitFilterPlugin)
     lists: list[tuple[str, list[str], tuple[type, ...]]] = [
         ("locating", cfg.locating, (LocatingPlugin,)),
@@ -51,6 +62,15 @@ def check_profile(cfg: ProfileConfig) -> None:
             if not any(name in registry.names(kind) for kind in kinds):
                 known = sorted({n for kind in kinds for n in registry.names(kind)})
                 raise ValueError(f"profile.{field}[{i}]: unknown plugin {name!r} (known: {', '.join(known)})")
+    missing = [name for name in REQUIRED_FILTERS if name not in cfg.filters]
+    if missing:
+        it = "it" if len(missing) == 1 else "them"
+        refused = "; ".join(REQUIRED_FILTERS[name] for name in missing)
+        raise ValueError(
+            f"profile.filters: must include {', '.join(missing)} (the binder checks {it} again and "
+            f"refuses what the shards propose without {it}: {refused}; a refused job is retried at "
+            "once, without end)"
+        )
 
 
 def build_profile(cfg: ProfileConfig) -> Profile:
