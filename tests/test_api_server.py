@@ -76,12 +76,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     handle.stop()
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(server.target, timeout=10) as c:
-        yield c
-
-
 def _http(server: ServerHandle, path: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}{path}", timeout=5) as reply:

@@ -16,16 +16,16 @@ import yaml
 from typer.testing import CliRunner, Result
 
 from gosched import Client
-from gosched.api.server import ServerHandle, serve
+from gosched.api.server import ServerHandle
 from gosched.cli import client_cmds
 from gosched.cli.exits import CliError, ExitCode
 from gosched.cli.main import app
 from gosched.cli.submit_spec import read_spec_file
-from gosched.common.config import QueueConfig, Settings
 from gosched.common.node import NodeState
 from gosched.common.resources import ResourceRequest
 from gosched.common.states import JobState
-from gosched.runtime.simulation import sim_nodes
+from tests.loopback import cli as run
+from tests.loopback import sim_master
 
 GiB = 2**30
 GPU_NODES = {"sim-00000", "sim-00004"}  # sim_nodes(8): every 4th node has 8 A100s
@@ -34,29 +34,9 @@ GOSCHED = Path(sys.executable).parent / "gosched"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    settings = Settings(
-        store_path=str(tmp_path_factory.mktemp("cli") / "gosched.db"),
-        shards=2,
-        queues=[QueueConfig(name="default"), QueueConfig(name="prod")],
-        retry_backoff_s=0.01,
-        retry_backoff_max_s=0.05,
-    )
-    handle = serve(settings, sim_nodes(8), grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+    handle = sim_master(tmp_path_factory.mktemp("cli"), nodes=8, shards=2, queues=("default", "prod"))
     yield handle
     handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(server.target, timeout=10) as c:
-        yield c
-
-
-def run(server: ServerHandle, *args: str, input: str | None = None) -> Result:
-    """`gosched COMMAND --master <server> ARGS...` in this process (--master first: after a
-    submit's command word everything belongs to the command)."""
-    command, *rest = args
-    return CliRunner().invoke(app, [command, "--master", server.target, *rest], input=input)
 
 
 def submitted(result: Result) -> str:

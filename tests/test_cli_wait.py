@@ -14,13 +14,12 @@ from typer.testing import CliRunner, Result
 from gosched import Client
 from gosched.api.convert import JobInfo
 from gosched.api.logs import LogStore
-from gosched.api.server import ServerHandle, serve
+from gosched.api.server import ServerHandle
 from gosched.cli.exits import ExitCode
 from gosched.cli.main import app
 from gosched.cli.progress import Progress
-from gosched.common.config import QueueConfig, Settings
 from gosched.common.states import JobState
-from gosched.runtime.simulation import sim_nodes
+from tests.loopback import sim_master
 
 TASK_SECONDS = 0.5
 
@@ -32,31 +31,9 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator[ServerHandle]:
-    settings = Settings(
-        store_path=str(tmp_path_factory.mktemp("cli-wait") / "gosched.db"),
-        shards=1,
-        queues=[QueueConfig(name="default")],
-        retry_backoff_s=0.01,
-        retry_backoff_max_s=0.05,
-    )
-    handle = serve(
-        settings,
-        sim_nodes(4),
-        grpc_port=0,
-        http_port=None,
-        host="127.0.0.1",
-        wait_ready=True,
-        log_dir=log_dir,
-        sim_task_seconds=TASK_SECONDS,
-    )
+    handle = sim_master(tmp_path_factory.mktemp("cli-wait"), task_seconds=TASK_SECONDS, log_dir=log_dir)
     yield handle
     handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(server.target, timeout=10) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from typer.testing import CliRunner, Result
 from gosched import Client
 from gosched.api import convert, errors
 from gosched.api.client import MAX_TIMEOUT_S, _grpc_timeout, _spec_message
-from gosched.api.server import ServerHandle, serve
+from gosched.api.server import ServerHandle
 from gosched.cli.main import app
 from gosched.cli.output import describe_view
-from gosched.common.config import MINIMAL_PROFILE, ProfileConfig, QueueConfig, Settings, load_settings
+from gosched.common.config import MINIMAL_PROFILE, ProfileConfig, Settings, load_settings
 from gosched.common.errors import SpecError
 from gosched.common.job import Job
 from gosched.common.node import Node, NodeState
@@ -30,9 +30,9 @@ from gosched.common.states import JobState
 from gosched.dispatcher.dispatcher import same_request
 from gosched.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from gosched.runtime.pipeline import Pipeline
-from gosched.runtime.simulation import sim_nodes
 from gosched.scheduler_shard.framework.profile import REQUIRED_FILTERS, check_profile
 from tests.builders import make_job, make_node
+from tests.loopback import cli, sim_master
 
 ROOT = Path(__file__).resolve().parent.parent
 GOSCHED = Path(sys.executable).parent / "gosched"
@@ -42,36 +42,11 @@ NOW = 1_700_000_000.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """A master on loopback whose simulated tasks run for a moment and succeed."""
-    settings = Settings(
-        store_path=str(tmp_path_factory.mktemp("surface") / "gosched.db"),
-        shards=1,
-        queues=[QueueConfig(name="default")],
-        retry_backoff_s=0.01,
-        retry_backoff_max_s=0.05,
-    )
-    handle = serve(
-        settings,
-        sim_nodes(4),
-        grpc_port=0,
-        http_port=None,
-        host="127.0.0.1",
-        wait_ready=True,
-        log_dir=tmp_path_factory.mktemp("logs"),
-        sim_task_seconds=0.3,
+    handle = sim_master(
+        tmp_path_factory.mktemp("surface"), task_seconds=0.3, log_dir=tmp_path_factory.mktemp("logs")
     )
     yield handle
     handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(server.target, timeout=10) as c:
-        yield c
-
-
-def cli(server: ServerHandle, *args: str, input: str | None = None) -> Result:
-    command, *rest = args
-    return CliRunner().invoke(app, [command, "--master", server.target, *rest], input=input)
 
 
 def config_show(tmp_path: Path, text: str) -> Result:
