@@ -163,13 +163,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
         maybe = [u for u in maybe if untouched(u)]
 
     if a.repellers and maybe:  # residents' rules repel the other way too: the stages judge it
-        repelled.extend(
-            {
-                frozenset(rule.match_labels)
-                for tid, row in a.repellers.items()
-                for rule in a.residents[row][tid].repels
-            }
-        )
+        repelled.extend(frozenset(rule.match_labels) for rule in a.repellers)
     if repelled and maybe:
         maybe = [u for u in maybe if not _repelled(set(proposals[u.index].job.labels), repelled)]
 

@@ -439,17 +439,7 @@ class AntiAffinityHolds:
         labels = set(job.labels)
         # The other way round: residents, and the unit's own placements passed so far, whose
         # rules repel a task of this job.
-        repellers = (
-            [
-                (row, rule)
-                for tid, row in a.repellers.items()
-                if tid not in unit.victims
-                for rule in a.residents[row][tid].repels
-                if set(rule.match_labels) <= labels
-            ]
-            if labels and a.repellers
-            else []
-        )
+        repellers = self._repellers(unit, a, labels) if labels and a.repellers else []
         if not repellers and not any(g.anti_affinity for g in job.groups):
             return [None] * len(candidates)
         kept: list[tuple[int, str]] = []  # (row, role) of the unit's placements passed so far
@@ -468,9 +458,29 @@ class AntiAffinityHolds:
             if reason is None:
                 kept.append((c.row, group.role))
                 repellers.extend(
-                    (c.row, rule) for rule in group.anti_affinity if set(rule.match_labels) <= labels
+                    (c.row, rule)
+                    for rule in group.anti_affinity
+                    if rule.match_labels and set(rule.match_labels) <= labels
                 )
         return out
+
+    @staticmethod
+    def _repellers(
+        unit: UnitCheck, a: ClusterArrays, labels: set[tuple[str, str]]
+    ) -> list[tuple[int, AntiAffinity]]:
+        """(row, rule) of each match-label rule held on a row that repels a job with `labels`, the
+        unit's victims counted as gone."""
+        gone: dict[tuple[AntiAffinity, int], int] = {}
+        for tid, row in unit.victims.items():
+            for rule in a.residents[row][tid].repels:
+                gone[rule, row] = gone.get((rule, row), 0) + 1
+        return [
+            (row, rule)
+            for rule, rows in a.repellers.items()
+            if set(rule.match_labels) <= labels
+            for row, held in rows.items()
+            if held > gone.get((rule, row), 0)
+        ]
 
     def _repelled(self, a: ClusterArrays, repellers: list[tuple[int, AntiAffinity]], row: int) -> str | None:
         for other, rule in repellers:

@@ -91,9 +91,10 @@ class ClusterArrays:
     row_of: dict[str, int] = field(default_factory=dict)
     residents: list[dict[str, Resident]] = field(default_factory=list)
     task_row: dict[str, int] = field(default_factory=dict)
-    # task id -> row of every resident whose `repels` is not empty (few: what the anti-affinity
-    # checks of every other task go through).
-    repellers: dict[str, int] = field(default_factory=dict)
+    # Per match-label anti-affinity rule of a resident (Resident.repels): row -> how many residents
+    # there carry it. What the anti-affinity checks of a labelled task go through, rule by rule
+    # (a service's replicas share one rule), not resident by resident.
+    repellers: dict[AntiAffinity, dict[int, int]] = field(default_factory=dict)
     extended_names: list[str] = field(default_factory=list)
     gpu_models: dict[str, int] = field(default_factory=dict)
     # meta_generation changes whenever node metadata (labels, taints, state, capacity) changes; it is
@@ -235,7 +236,8 @@ class ClusterArrays:
         lost = list(self.residents[row].values())
         for r in lost:
             self.task_row.pop(r.task_id, None)
-            self.repellers.pop(r.task_id, None)
+            if r.repels:
+                self._count_repels(row, r, -1)
         self.residents[row] = {}
         self.nodes[row] = None
         self.alive[row] = False
@@ -342,10 +344,21 @@ class ClusterArrays:
         self.residents[row][r.task_id] = r
         self.task_row[r.task_id] = row
         if r.repels:
-            self.repellers[r.task_id] = row
+            self._count_repels(row, r, 1)
         if r.preemptible and r.priority < self.victim_priority_bound[row]:
             self.victim_priority_bound[row] = r.priority
         self.dirty_log.append(row)
+
+    def _count_repels(self, row: int, r: Resident, sign: int) -> None:
+        for rule in r.repels:
+            rows = self.repellers.setdefault(rule, {})
+            left = rows.get(row, 0) + sign
+            if left:
+                rows[row] = left
+            else:
+                del rows[row]
+                if not rows:
+                    del self.repellers[rule]
 
     def swap_record(self, row: int, r: Resident) -> None:
         """Replace the record of a resident task of `row` by `r`, which holds the same usage."""
@@ -379,7 +392,7 @@ class ClusterArrays:
             residents_of[row][r.task_id] = r
             task_row[r.task_id] = row
             if r.repels:
-                self.repellers[r.task_id] = row
+                self._count_repels(row, r, 1)
         if ext:
             e_rows, e_cols, e_amounts = zip(*ext, strict=True)
             np.add.at(self.ext_used, (np.array(e_rows), np.array(e_cols)), np.array(e_amounts, np.int64))
@@ -406,7 +419,7 @@ class ClusterArrays:
             return None
         r = self.residents[row].pop(task_id)
         if r.repels:
-            del self.repellers[task_id]
+            self._count_repels(row, r, -1)
         self.cpu_used[row] -= r.cpu_milli
         self.mem_used[row] -= r.memory
         for name, amount in r.extended:

@@ -184,16 +184,17 @@ class Pricer:
         self._taken: dict[str, Use] | None = None
         self.refused = ""  # the rule the last refused price() broke, as explain tells it
 
-    def _floored(self, r: Resident) -> bool:
+    def floored(self, r: Resident) -> bool:
+        """`r`'s queue has a guarantee floor in this unit's view."""
         return r.queue in self.floors
 
     def simple(self, r: Resident) -> bool:
         """Evicting `r` costs just `r` and breaks no rule: no budget, no gang, no floor."""
-        return r.disruption_budget is None and r.min_member <= 1 and not self._floored(r)
+        return r.disruption_budget is None and r.min_member <= 1 and not self.floored(r)
 
     def ruled(self, r: Resident) -> bool:
         """A rule (its job's disruption budget, its queue's floor) may refuse evicting `r`."""
-        return r.disruption_budget is not None or self._floored(r)
+        return r.disruption_budget is not None or self.floored(r)
 
     def census(self) -> Census:
         if self.ctx.census is None:
@@ -223,7 +224,7 @@ class Pricer:
         if self._taken is None:
             self._taken = {}
             for vs in self.done.values():
-                if self._floored(vs[0]):
+                if self.floored(vs[0]):
                     acc = self._taken.setdefault(vs[0].queue, [0, 0, 0, 0])
                     for i, x in enumerate(self._removed(vs[0], vs)):
                         acc[i] += x
@@ -251,7 +252,7 @@ class Pricer:
             n = after[0] - before[0]
             lost += n
             lost_priority += n * first.priority
-            if self._floored(first):
+            if self.floored(first):
                 acc = more.setdefault(first.queue, [0, 0, 0, 0])
                 for i in range(4):
                     acc[i] += after[i] - before[i]
@@ -283,7 +284,8 @@ def victims_on_row(
     gang breaks take; None if none does or the set breaks a budget or a queue floor."""
     tc = entry.tc
     req = tc.request
-    arithmetic = not req.wants_gpu and not req.extended and not any(r.gpus or r.extended for r in eligible)
+    wants_extended = any(amount > 0 for _, amount in req.extended)  # as resources_fit: 0 asks nothing
+    arithmetic = not req.wants_gpu and not wants_extended and not any(r.gpus or r.extended for r in eligible)
     if arithmetic:
         victims = _cpu_memory_victims(tc, state, row, eligible)
     else:
@@ -300,8 +302,7 @@ def victims_on_row(
             victims = _cpu_memory_victims(tc, state, row, eligible, order)
         else:
             victims = _victims_by_trial(entry, state, row, eligible, order)
-        if not victims:  # cannot be: all of `eligible` gone lets the task fit, as above
-            return None
+        assert victims, "all of `eligible` gone lets the task fit, as in the first search"
         price = pricer.price(victims)
         if price is None:
             return None
@@ -326,7 +327,7 @@ def _protected_first(eligible: list[Resident], pricer: Pricer) -> ReprieveOrder:
         if not pricer.ruled(r):
             continue
         # The verdict on r depends only on the victims of its job, or of its queue if floored.
-        floored = r.queue in pricer.floors
+        floored = pricer.floored(r)
         before = let_go.setdefault((floored, r.queue if floored else r.job_id), [])
         if pricer.price([*before, r]) is None:
             protected.add(r.task_id)

@@ -155,6 +155,17 @@ def floored(p: Proposal, floors: tuple[QueueFloor, ...] = A_FLOOR) -> Proposal:
     return replace(p, floors=floors)
 
 
+PS_AND_WORKER = (
+    make_job("pw")
+    .cpu("1")
+    .mem("1Gi")
+    .role("ps")
+    .anti_affinity("node")
+    .group("worker")
+    .cpu("1")
+    .mem("1Gi")
+    .build()
+)
 SPREAD3 = make_job("spread").cpu("1").mem("1Gi").replicas(3).min_member(2).anti_affinity("node").build()
 
 CASES: dict[str, Case] = {
@@ -470,6 +481,13 @@ CASES: dict[str, Case] = {
         before=[prop(guard_job("g1"), at(0, "n1"))],
         accepted={"w1": [0]},
         evicted=[("g1/0", "w1")],
+    ),
+    # A group's spread rule (no match labels) keeps apart that group's tasks only: another group
+    # of the job may share the node, after it in the unit as before it.
+    "anti_affinity_a_spread_rule_leaves_other_groups_alone": Case(
+        [N4],
+        [prop(PS_AND_WORKER, at(0, "n1"), at(1, "n1"))],
+        accepted={"pw": [0, 1]},
     ),
     # A victim being evicted no longer repels.
     "anti_affinity_victim_gone": Case(

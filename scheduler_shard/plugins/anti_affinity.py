@@ -59,9 +59,8 @@ class AntiAffinityFilter(UnitFilterPlugin):
 def _repelled_domains(labels: set[tuple[str, str]], state: ClusterArrays, out: Mask) -> None:
     """Mark in `out` the domains of the residents whose rules repel a job with `labels` (the unit's
     own placements of this attempt are in the view, so they count too)."""
-    for tid, row in state.repellers.items():
-        for rule in state.residents[row][tid].repels:
-            if set(rule.match_labels) <= labels:
-                domains = domain_ids(state, rule.topology_key)
-                if domains[row] >= 0:
-                    out |= domains == domains[row]
+    for rule, rows in state.repellers.items():
+        if set(rule.match_labels) <= labels:
+            domains = domain_ids(state, rule.topology_key)
+            taken = domains[list(rows)]
+            out |= np.isin(domains, taken[taken >= 0])
