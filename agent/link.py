@@ -198,7 +198,7 @@ class MasterLink:
         """Hold one session's stream until it breaks; returns why it ended."""
         first = self._registered(response)
         session = Session(response.node_name, response.session_id, response.heartbeat_interval_s)
-        self.outbox.new_stream()
+        self.outbox.untrack()
         call = stub.Connect(self._requests(session, first))
         session.call = call
         with self._lock:
@@ -211,7 +211,7 @@ class MasterLink:
             for msg in call:
                 self._on_message(msg)
             if session.half_closed:  # the master ends the stream once it has read all of it
-                self.outbox.drained()
+                self.outbox.untrack()
         except grpc.RpcError as exc:
             why = _why(exc)
         finally:

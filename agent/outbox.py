@@ -4,7 +4,9 @@ stream did not take goes out on the next one, so statuses queued while disconnec
 The master acknowledges nothing: a log chunk taken by a stream may sit in its transport when the
 stream is cut. The outbox remembers where the chunks taken by the current stream start until that
 stream is known to have been read to its end (a drained close), so that an agent stopping with a
-stream it could not drain saves log offsets the next agent resumes from without a hole.
+stream it could not drain saves log offsets the next agent resumes from without a hole. A task's
+offsets are dropped once the stream takes its final status (its run's last chunks went before it,
+and the agent has forgotten the task): they would only grow with every task that ever logged.
 """
 
 import threading
@@ -55,20 +57,30 @@ class Outbox:
             if not self._items:
                 return None
             msg = self._items.popleft()
-            if msg.WhichOneof("body") == "log":
+            body = msg.WhichOneof("body")
+            if body == "log":
                 _lowest(self._taken, msg.log)
+            elif body == "task_status" and msg.task_status.state in FINAL_STATES:
+                # Queued after its run's last chunks: the agent forgot the task when it queued it
+                # (TaskTable.finish), and no state file saves its offsets any more.
+                self._forget(msg.task_status.task_id)
             return msg
 
-    def new_stream(self) -> None:
-        """A stream starts taking messages: what an earlier one took is no longer tracked (it
-        went out, or was lost with that stream)."""
+    def untrack(self) -> None:
+        """Stop tracking what was taken so far: a new stream starts taking messages (what an
+        earlier one took went out, or was lost with it), or the master read the current stream to
+        its end (what it took has arrived)."""
         with self._cond:
             self._taken.clear()
 
-    def drained(self) -> None:
-        """The master read the current stream to its end: what it took has arrived."""
+    def forget(self, task_id: str) -> None:
+        """The agent forgot the task: the offsets of its chunks taken are of no use any more."""
         with self._cond:
-            self._taken.clear()
+            self._forget(task_id)
+
+    def _forget(self, task_id: str) -> None:
+        for key in [k for k in self._taken if k[0] == task_id]:
+            del self._taken[key]
 
     def wake(self) -> None:
         """Wake takers so that they look again at whether their stream is still open."""

@@ -67,6 +67,7 @@ TICK_S = 0.05
 # connection) goes quiet, so the agent behind it gets its node back once these have passed.
 LIVE_HEARTBEATS = 3
 LOG_OWNERS_KEPT = 100_000  # tasks whose latest launch's node is remembered (the oldest go first)
+LOG_LOCK_STRIPES = 64  # a power of two: a task's log lock is one of these, picked by its id
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +152,15 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         # last words of an older run being stopped elsewhere (a run's owner changes only at a
         # launch, so a cancelled task's last words still arrive).
         self._log_owner: OrderedDict[str, str] = OrderedDict()
-        self._log_lock = threading.Lock()  # guards _log_owner; a chunk's check and write are one step
+        self._owners_lock = threading.Lock()  # guards _log_owner itself (held for one step on it)
+        # A chunk's owner check and write are one step against a launch's reset of that task's
+        # log: a lock per task id stripe, so that chunks of other tasks are written meanwhile.
+        self._log_locks = tuple(threading.Lock() for _ in range(LOG_LOCK_STRIPES))
         service.tick_hooks.append(self.tick)
+
+    def _log_lock(self, task_id: str) -> threading.Lock:
+        """The lock of the task's log: one stripe of LOG_LOCK_STRIPES, by the task's id."""
+        return self._log_locks[hash(task_id) & (LOG_LOCK_STRIPES - 1)]
 
     @property
     def _live_s(self) -> float:
@@ -239,8 +247,9 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                     # agent. A session adopted after a master restart was "sent" every task.
                     session.sent = {t: old.sent[t] for t in resident if t in old.sent}
                     # Runs being stopped stay so: their ends are the kills', and the room they
-                    # hold is not free until then (a relaunch waits for them).
-                    session.uses = {t: old.uses[t] for t in old.killing if t in old.uses}
+                    # hold is not free until then (a relaunch waits for them). The runs carried
+                    # over keep what they hold too: one killed later holds it until its end.
+                    session.uses = {t: old.uses[t] for t in (*session.sent, *old.killing) if t in old.uses}
                     # Each kill is sent again on the new stream (the old one may have died with it
                     # unsent; the agent ignores a kill it already carries out), its answer due anew.
                     now = time.monotonic()
@@ -311,8 +320,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             self._on_node_update(session, msg.node_update)
         elif body == "log":
             chunk = msg.log
-            with self._log_lock:  # not across a launch's reset of the log
-                if self._log_owner.get(chunk.task_id, session.node) != session.node:
+            with self._log_lock(chunk.task_id):  # not across a launch's reset of the task's log
+                with self._owners_lock:
+                    owner = self._log_owner.get(chunk.task_id, session.node)
+                if owner != session.node:
                     return  # an older run's, on another node: the task's log is its new run's now
                 try:
                     self.logs.write(chunk.task_id, chunk.stream or "stdout", chunk.offset, chunk.data)
@@ -531,11 +542,12 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             ]
             for msg in self._not_on_dying_room(control, s, msgs):
                 tid = msg.task_id
-                with self._log_lock:
-                    self._log_owner[tid] = node
-                    self._log_owner.move_to_end(tid)
-                    if len(self._log_owner) > LOG_OWNERS_KEPT:
-                        self._log_owner.popitem(last=False)
+                with self._log_lock(tid):
+                    with self._owners_lock:
+                        self._log_owner[tid] = node
+                        self._log_owner.move_to_end(tid)
+                        if len(self._log_owner) > LOG_OWNERS_KEPT:
+                            self._log_owner.popitem(last=False)
                     self.logs.reset(tid)  # a new run: its output replaces the last run's
                 with self._lock:
                     s.sent[tid] = runs[node][tid]

@@ -229,6 +229,30 @@ def test_the_room_of_a_run_being_killed_stays_taken_across_a_reconnect(tmp_path:
         assert agent.running() == ["high/0"]
 
 
+def test_the_room_of_a_running_task_carried_over_a_reconnect_stays_taken_once_it_is_killed(
+    tmp_path: Path,
+) -> None:
+    """A task running across a re-registration of its agent, preempted afterwards: the new session
+    carried what the runs being killed held, not what the running ones did, so once killed the
+    victim's memory looked free and the preemptor started beside it, on memory it still held."""
+    with (
+        master_at(tmp_path / "g.db") as master,
+        agents_of(master, tmp_path, "n1", memory=2**30) as (agent,),
+        Client(master.target, timeout=10) as client,
+    ):
+        task = {"cpu": "0.1", "memory": "768Mi"}
+        client.submit({"id": "low", "priority": 0, "command": [SLOW_STOP], **task})
+        wait_for("low running", lambda: client.get("low").tasks[0].state is TaskState.RUNNING)
+        reconnect(master, agent)  # low runs on, carried over to the new session
+        wait_for("the new stream", lambda: connected(client, "n1"))
+        client.submit({"id": "high", "priority": 100, "command": ["sleep 30"], **task})
+        victim = agent.record("low/0")
+        wait_for("the victim being killed", lambda: victim(lambda r: r.killed is not None))
+        wait_for("the preemptor started", lambda: agent.said("high/0 started") >= 0, timeout=KILL_GRACE_S + 2)
+        assert -1 < agent.ended("low/0") < agent.said("high/0 started"), agent.lines
+        assert agent.running() == ["high/0"]
+
+
 # == the last words of a run stopped on another node ================================================
 def test_the_last_words_of_a_run_stopped_elsewhere_stay_out_of_the_new_runs_log(tmp_path: Path) -> None:
     """A task preempted on n1 and placed on n2 at once: what its old run wrote in its grace period

@@ -140,7 +140,7 @@ def test_the_outbox_knows_the_first_log_bytes_the_master_may_not_have() -> None:
         log = types_pb2.LogChunk(task_id="t/0", stream="stdout", offset=offset, data=b"0123456789")
         return agent_pb2.AgentMessage(log=log)
 
-    box.new_stream()
+    box.untrack()  # a stream starts
     for offset in (0, 10, 20):
         box.put(chunk(offset))
     box.put(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
@@ -148,11 +148,54 @@ def test_the_outbox_knows_the_first_log_bytes_the_master_may_not_have() -> None:
     box.take(0)
     assert box.log_offsets() == {("t/0", "stdout"): 10}
     assert box.log_offsets(taken=True) == {("t/0", "stdout"): 0}  # it may sit in the transport
-    box.drained()  # the master read the stream to its end
+    box.untrack()  # the master read the stream to its end
     assert box.log_offsets(taken=True) == {("t/0", "stdout"): 10}
     box.take(0)
-    box.new_stream()  # a later stream does not answer for what an earlier one took
+    box.untrack()  # a later stream does not answer for what an earlier one took
     assert box.log_offsets(taken=True) == {("t/0", "stdout"): 20}
+
+
+def test_the_outbox_forgets_the_taken_offsets_of_a_task_the_agent_forgot() -> None:
+    """The offsets of the chunks a stream took were kept for the stream's whole life: they grew
+    with every task that ever logged on it. A task's go once the agent has forgotten it: when told
+    so, or when the stream takes its final status (queued after its run's last chunks)."""
+    box = Outbox()
+
+    def chunk(task_id: str, stream: str, offset: int) -> agent_pb2.AgentMessage:
+        log = types_pb2.LogChunk(task_id=task_id, stream=stream, offset=offset, data=b"0123456789")
+        return agent_pb2.AgentMessage(log=log)
+
+    def status(task_id: str, state: types_pb2.TaskState) -> agent_pb2.AgentMessage:
+        return agent_pb2.AgentMessage(task_status=agent_pb2.TaskStatus(task_id=task_id, state=state))
+
+    box.untrack()
+    for msg in (chunk("a/0", "stdout", 0), chunk("a/0", "stderr", 5), chunk("b/0", "stdout", 7)):
+        box.put(msg)
+    while box.take(0) is not None:
+        pass
+    assert box.log_offsets(taken=True) == {("a/0", "stdout"): 0, ("a/0", "stderr"): 5, ("b/0", "stdout"): 7}
+    box.forget("a/0")
+    assert box.log_offsets(taken=True) == {("b/0", "stdout"): 7}
+    box.forget("c/0")  # never logged: nothing to forget
+    # A RUNNING status leaves the task's offsets; its final status (after its last chunks) drops them.
+    for msg in (
+        chunk("b/0", "stdout", 17),
+        status("b/0", types_pb2.TASK_STATE_RUNNING),
+        chunk("c/0", "stdout", 3),
+    ):
+        box.put(msg)
+    while box.take(0) is not None:
+        pass
+    assert box.log_offsets(taken=True) == {("b/0", "stdout"): 7, ("c/0", "stdout"): 3}
+    box.put(status("b/0", types_pb2.TASK_STATE_SUCCEEDED))
+    box.take(0)
+    assert box.log_offsets(taken=True) == {("c/0", "stdout"): 3}
+    box.put(chunk("b/0", "stdout", 0))  # a new run of the task, launched after: tracked again
+    box.take(0)
+    assert box.log_offsets(taken=True) == {("b/0", "stdout"): 0, ("c/0", "stdout"): 3}
+    box.put(status("c/0", types_pb2.TASK_STATE_FAILED))
+    box.take(0)
+    assert box.log_offsets(taken=True) == {("b/0", "stdout"): 0}
 
 
 # == 3. a kill in progress across an agent restart ====================================================
