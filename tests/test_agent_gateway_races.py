@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gosched import Client
 from gosched.agent.runner import AgentRunner
 from gosched.agent.tasks import TaskRecord
@@ -208,33 +210,15 @@ def test_a_reconnect_during_a_kill_takes_the_old_runs_end_for_the_kill_not_for_t
             assert agent.running() == ["t/0"]
 
 
-def test_the_room_of_a_run_being_killed_stays_taken_across_a_reconnect(tmp_path: Path) -> None:
-    """A preemptor waits for its victim's end where both would not fit in the machine's memory.
-    The agent registered again in the victim's grace period: the new session forgot the victim,
-    and the preemptor started beside it, on memory the victim still held."""
-    with (
-        master_at(tmp_path / "g.db") as master,
-        agents_of(master, tmp_path, "n1", memory=2**30) as (agent,),
-        Client(master.target, timeout=10) as client,
-    ):
-        task = {"cpu": "0.1", "memory": "768Mi"}
-        client.submit({"id": "low", "priority": 0, "command": [SLOW_STOP], **task})
-        wait_for("low running", lambda: client.get("low").tasks[0].state is TaskState.RUNNING)
-        client.submit({"id": "high", "priority": 100, "command": ["sleep 30"], **task})
-        victim = agent.record("low/0")
-        wait_for("the victim being killed", lambda: victim(lambda r: r.killed is not None))
-        reconnect(master, agent)
-        wait_for("the preemptor started", lambda: agent.said("high/0 started") >= 0, timeout=KILL_GRACE_S + 2)
-        assert -1 < agent.ended("low/0") < agent.said("high/0 started"), agent.lines
-        assert agent.running() == ["high/0"]
-
-
-def test_the_room_of_a_running_task_carried_over_a_reconnect_stays_taken_once_it_is_killed(
-    tmp_path: Path,
+@pytest.mark.parametrize("reconnect_when", ["while the victim is being killed", "before the kill"])
+def test_the_room_of_a_victim_stays_taken_across_a_reconnect_until_its_end(
+    tmp_path: Path, reconnect_when: str
 ) -> None:
-    """A task running across a re-registration of its agent, preempted afterwards: the new session
-    carried what the runs being killed held, not what the running ones did, so once killed the
-    victim's memory looked free and the preemptor started beside it, on memory it still held."""
+    """A preemptor waits for its victim's end where both would not fit in the machine's memory,
+    whenever the agent registered again: in the victim's grace period (the new session forgot
+    the run being killed), or while it still ran (the new session carried what the runs being
+    killed held, not what the running ones did). Either way the preemptor started beside the
+    victim, on memory it still held."""
     with (
         master_at(tmp_path / "g.db") as master,
         agents_of(master, tmp_path, "n1", memory=2**30) as (agent,),
@@ -243,11 +227,14 @@ def test_the_room_of_a_running_task_carried_over_a_reconnect_stays_taken_once_it
         task = {"cpu": "0.1", "memory": "768Mi"}
         client.submit({"id": "low", "priority": 0, "command": [SLOW_STOP], **task})
         wait_for("low running", lambda: client.get("low").tasks[0].state is TaskState.RUNNING)
-        reconnect(master, agent)  # low runs on, carried over to the new session
-        wait_for("the new stream", lambda: connected(client, "n1"))
+        if reconnect_when == "before the kill":
+            reconnect(master, agent)  # low runs on, carried over to the new session
+            wait_for("the new stream", lambda: connected(client, "n1"))
         client.submit({"id": "high", "priority": 100, "command": ["sleep 30"], **task})
         victim = agent.record("low/0")
         wait_for("the victim being killed", lambda: victim(lambda r: r.killed is not None))
+        if reconnect_when == "while the victim is being killed":
+            reconnect(master, agent)
         wait_for("the preemptor started", lambda: agent.said("high/0 started") >= 0, timeout=KILL_GRACE_S + 2)
         assert -1 < agent.ended("low/0") < agent.said("high/0 started"), agent.lines
         assert agent.running() == ["high/0"]
