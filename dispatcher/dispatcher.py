@@ -660,13 +660,7 @@ class Dispatcher:
             row[1] += mem
             row[2] += gpu
         # _resolve(rec, now, backoff=False): the job is not cancelled (checked above).
-        s = rec.shard
-        if s < len(self._shard_load):
-            self._shard_load[s] -= 1
-            self._inflight_by_shard[s].pop(rec.job_id, None)
-        self._inflight -= 1
-        rec.where = IDLE
-        rec.shard = -1
+        self._leave_flight(rec)
         if rec.n_pending:
             self._enqueue(rec)
         else:
@@ -917,10 +911,8 @@ class Dispatcher:
         if any(infl):
             self.usage.add_inflight(rec.queue, rec.tenant, *infl)
 
-    def _resolve(self, rec: JobRecord, now: float, *, backoff: bool) -> None:
-        """The unit in flight has been answered in full: clear it and queue the job again if needed."""
-        if rec.where is not INFLIGHT:
-            return
+    def _leave_flight(self, rec: JobRecord) -> None:
+        """The job's unit in flight is answered: its shard's slot is free, the job idle."""
         s = rec.shard
         if s < len(self._shard_load):
             self._shard_load[s] -= 1
@@ -928,6 +920,12 @@ class Dispatcher:
         self._inflight -= 1
         rec.where = IDLE
         rec.shard = -1
+
+    def _resolve(self, rec: JobRecord, now: float, *, backoff: bool) -> None:
+        """The unit in flight has been answered in full: clear it and queue the job again if needed."""
+        if rec.where is not INFLIGHT:
+            return
+        self._leave_flight(rec)
         if rec.cancelled or not rec.n_pending:
             return
         if backoff:
