@@ -109,16 +109,16 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 15.0) -> N
         time.sleep(0.05)
 
 
-def start_master(store: Path, node_timeout_s: float = TIMEOUT_S, **more: Any) -> ServerHandle:
-    """A master on loopback, in process, with a short node timeout, on the store at `store`;
-    `more`: other settings (TLS, token files)."""
+def start_master(store: Path, node_timeout_s: float = TIMEOUT_S, port: int = 0, **more: Any) -> ServerHandle:
+    """A master on loopback, in process, with a short node timeout, on the store at `store` (and
+    `port`, 0: a free one); `more`: other settings (TLS, token files)."""
     settings = Settings(
         store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=node_timeout_s, **more
     )
     return serve(
         settings,
         (),
-        grpc_port=0,
+        grpc_port=port,
         http_port=None,
         host="127.0.0.1",
         runtime="local",

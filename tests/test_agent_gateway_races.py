@@ -14,8 +14,7 @@ import pytest
 from gosched import Client
 from gosched.agent.runner import AgentRunner
 from gosched.agent.tasks import TaskRecord
-from gosched.api.server import ServerHandle, serve
-from gosched.common.config import Settings
+from gosched.api.server import ServerHandle
 from gosched.common.states import JobState, TaskState
 from tests.test_agent_gateway import connected, gateway_of, start_master, wait_for
 
@@ -100,23 +99,7 @@ def agents_of(master: ServerHandle, root: Path, *names: str, **options: Any) -> 
 def start(store: Path, port: int = 0, node_timeout_s: float = 30.0) -> ServerHandle:
     """A master on `store` (and `port`, to come back where agents look for it) whose kills have a
     short grace period; a long node timeout: no node is lost unless a test says so."""
-    if port == 0:
-        handle = start_master(store, node_timeout_s=node_timeout_s)
-    else:
-        settings = Settings(
-            store_path=str(store), shards=1, heartbeat_interval_s=0.2, node_timeout_s=node_timeout_s
-        )
-        handle = serve(
-            settings,
-            (),
-            grpc_port=port,
-            http_port=None,
-            host="127.0.0.1",
-            runtime="local",
-            heartbeat_interval_s=0.2,
-            node_timeout_s=node_timeout_s,
-            wait_ready=True,
-        )
+    handle = start_master(store, node_timeout_s=node_timeout_s, port=port)
     gateway_of(handle).kill_grace_s = KILL_GRACE_S
     return handle
 
