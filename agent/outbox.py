@@ -73,11 +73,6 @@ class Outbox:
         with self._cond:
             self._taken.clear()
 
-    def forget(self, task_id: str) -> None:
-        """The agent forgot the task: the offsets of its chunks taken are of no use any more."""
-        with self._cond:
-            self._forget(task_id)
-
     def _forget(self, task_id: str) -> None:
         for key in [k for k in self._taken if k[0] == task_id]:
             del self._taken[key]
