@@ -104,6 +104,11 @@ class Container:
             argv += ["--gpus", f'"device={visible}"']  # quoted: docker reads this value as CSV
         for key, value in env.items():
             argv += ["-e", f"{key}={value}"]
+        if gpus:
+            # Inside, the GPUs are numbered from 0 in PCI bus order, as the host's NVML indexes are;
+            # CUDA numbers them fastest first unless told. Last, so that it wins over the task's env
+            # (as in a shell task: agent/executor.py's task_env).
+            argv += ["-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID"]
         if cpu_milli > 0:
             argv += ["--cpus", f"{cpu_milli / 1000:g}"]
         if memory > 0:

@@ -209,9 +209,10 @@ class AgentRunner:
         no_runtime = f"{NO_RUNTIME} ({self.no_runtime_reason})"
         tasks = TaskTable(executor, self._report, self.container_runtime, self.echo, no_runtime)
         saved = self._state.load()
-        if saved:
-            alive = tasks.adopt(saved)
-            self.echo(f"adopted {alive} running task(s) of the previous agent; {len(saved) - alive} ended")
+        alive = tasks.adopt(saved)
+        if saved.tasks:
+            ended = len(saved.tasks) - alive
+            self.echo(f"adopted {alive} running task(s) of the previous agent; {ended} ended")
         with self._lock:
             self._tasks = tasks
         return tasks

@@ -1,4 +1,7 @@
-"""The agent's state file: the tasks it runs, so that a restarted agent can adopt them again.
+"""The agent's state file: the tasks it runs, so that a restarted agent can adopt them again, and
+the final statuses it handed to the master's stream, so that it can send them again to a master
+that did not get them (were they forgotten, a restarted agent would call such a task lost, and
+the master would run a finished task a second time).
 
 A small JSON file in the work dir, replaced atomically on every write (a crash mid-write leaves
 the previous version). Unreadable state is set aside, never fatal: those tasks are then unknown.
@@ -54,28 +57,53 @@ class SavedTask:
         return msg
 
 
+@dataclass(slots=True)
+class SavedFinal:
+    """A final status handed to the stream: the master may not have it yet."""
+
+    task_id: str
+    state: int
+    exit_code: int
+    message: str
+    time: float  # when it ended (unix seconds)
+
+
+@dataclass(slots=True)
+class SavedState:
+    tasks: list[SavedTask] = dataclasses.field(default_factory=list)
+    finished: list[SavedFinal] = dataclasses.field(default_factory=list)  # oldest first
+
+
 class StateFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def load(self) -> list[SavedTask]:
+    def load(self) -> SavedState:
         try:
             data = json.loads(self.path.read_text())
             if data.get("version") != VERSION:
                 raise ValueError(f"unknown state version {data.get('version')!r}")
             names = {f.name for f in dataclasses.fields(SavedTask)}
-            return [SavedTask(**{k: v for k, v in t.items() if k in names}) for t in data["tasks"]]
+            tasks = [SavedTask(**{k: v for k, v in t.items() if k in names}) for t in data["tasks"]]
+            # An older agent's file has no "finished": it kept them in memory only.
+            finished = [SavedFinal(*f) for f in data.get("finished", ())]
+            return SavedState(tasks, finished)
         except FileNotFoundError:
-            return []
+            return SavedState()
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             aside = self.path.with_suffix(".bad")
             log.warning("unreadable agent state %s (%s): set aside as %s", self.path, exc, aside)
             with contextlib.suppress(OSError):
                 os.replace(self.path, aside)
-            return []
+            return SavedState()
 
-    def save(self, tasks: list[SavedTask]) -> None:
-        data = {"version": VERSION, "tasks": [dataclasses.asdict(t) for t in tasks]}
+    def save(self, state: SavedState) -> None:
+        data = {
+            "version": VERSION,
+            "tasks": [dataclasses.asdict(t) for t in state.tasks],
+            # As rows, not objects: up to FINISHED_KEPT of them are written on every save.
+            "finished": [[f.task_id, f.state, f.exit_code, f.message, f.time] for f in state.finished],
+        }
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, self.path)

@@ -25,7 +25,7 @@ from gosched.agent.containers import NO_RUNTIME, Container, container_name
 from gosched.agent.executor import ShellExecutor, TaskExit, TaskSpec
 from gosched.agent.logship import TaskLogs
 from gosched.agent.shim import read_status
-from gosched.agent.state import SavedTask
+from gosched.agent.state import SavedFinal, SavedState, SavedTask
 from gosched.proto.v1 import agent_pb2, types_pb2
 
 log = logging.getLogger("gosched.agent")
@@ -261,7 +261,7 @@ class TaskTable:
         return out
 
     # -- state file ----------------------------------------------------------------------------------
-    def snapshot(self, unsent: Mapping[tuple[str, str], int] | None = None) -> list[SavedTask]:
+    def snapshot(self, unsent: Mapping[tuple[str, str], int] | None = None) -> SavedState:
         """What the state file keeps. `unsent`: the lowest offset of each (task, stream)'s log
         chunks the master may not have (Outbox.log_offsets): the saved offsets go back to them, or
         the next agent would resume past bytes the master never got (a hole in its log)."""
@@ -296,13 +296,25 @@ class TaskTable:
                     stale=rec.stale,
                 )
             )
-        return out
+        finished = [
+            SavedFinal(f.task_id, f.state, f.exit_code, f.message, f.time) for f in self.finished.values()
+        ]
+        return SavedState(out, finished)
 
-    def adopt(self, saved: list[SavedTask]) -> int:
+    def adopt(self, state: SavedState) -> int:
         """Take over the tasks of a previous agent process: those still alive are watched again,
-        the others are reported lost. Returns how many were adopted alive."""
+        the others are reported lost; and the final statuses it handed to the stream, to send again
+        if the master expects them still. Returns how many were adopted alive."""
+        for f in state.finished:
+            self.finished[f.task_id] = agent_pb2.TaskStatus(
+                task_id=f.task_id,
+                state=cast(State, f.state),
+                exit_code=f.exit_code,
+                message=f.message,
+                time=f.time,
+            )
         alive = 0
-        for s in saved:
+        for s in state.tasks:
             try:
                 msg = s.decode_launch()
             except (ValueError, DecodeError) as exc:

@@ -1,7 +1,8 @@
 """Exit codes of the client commands, and the one place that turns an error into code and message.
 
 Scripts test these codes, so they are part of the interface:
-0 ok; 1 the job failed or a wait ended badly; 2 bad usage or an invalid spec; 3 not found;
+0 ok; 1 the job failed, a wait ended badly, or anything else the master refused (its token
+included, as kubectl does); 2 bad usage or an invalid spec; 3 not found;
 4 refused by admission (resource exhausted); 5 the master is unavailable.
 
 The long-running commands (`master`, `up`, `agent`) use two of them: 2 (USAGE) for a flag or

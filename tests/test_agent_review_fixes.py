@@ -271,9 +271,45 @@ def test_a_state_file_of_an_older_agent_still_loads(tmp_path: Path) -> None:
         "stdout_offset": 5,
     }
     path.write_text(json.dumps({"version": 1, "tasks": [task]}))
-    (saved,) = StateFile(path).load()
+    (saved,) = StateFile(path).load().tasks
     assert (saved.task_id, saved.stdout_offset) == ("t/0", 5)
     assert saved.killed is None and saved.kill_deadline == 0.0 and not saved.stale
+
+
+def test_a_final_status_the_master_never_got_is_sent_again_by_a_restarted_agent(tmp_path: Path) -> None:
+    """A task ended and its final status went to the stream, which lost it; then the agent
+    restarted. The status lived in the old agent's memory only, so the new one answered the
+    master's expectation with "lost: not running on this node" and the finished task ran again."""
+    runs = tmp_path / "runs"
+    with master_at(tmp_path / "g.db") as master:
+        gateway = gateway_of(master)
+        first = Agent(master.target, "n1", tmp_path / "n1")
+        with Client(master.target, timeout=10) as client:
+            wait_for("the agent", lambda: connected(client, "n1"))
+            receive = gateway._on_status
+            lost: list[str] = []
+
+            def lose_ends(session: Any, status: Any) -> None:
+                if status.state == types_pb2.TASK_STATE_SUCCEEDED:
+                    lost.append(status.task_id)  # taken by the stream, never applied
+                else:
+                    receive(session, status)
+
+            gateway._on_status = lose_ends  # type: ignore[method-assign]
+            try:
+                client.submit({"id": "t", "cpu": "0.1", "command": [f"echo run >> {runs}; exit 0"]})
+                wait_for("the end sent", lambda: lost == ["t/0"])
+                first.stop()
+            finally:
+                gateway._on_status = receive  # type: ignore[method-assign]
+            assert client.get("t").tasks[0].state is TaskState.RUNNING  # the master still expects it
+            second = Agent(master.target, "n1", tmp_path / "n1")
+            try:
+                wait_for("the job's end", lambda: client.get("t").state is JobState.SUCCEEDED)
+                time.sleep(0.5)  # a second run, had there been one, would have been launched by now
+                assert runs.read_text() == "run\n"
+            finally:
+                second.stop()
 
 
 # == 4. the GPUs a task sees are the ones it was given ================================================

@@ -843,13 +843,23 @@ def test_container_command_lines() -> None:
     argv = docker.run_argv("img:1", ["python train.py"], {"X": "1"}, [0, 2], cpu_milli=1500, memory=2**30)
     assert argv == [
         "/usr/bin/docker", "run", "--rm", "--name", "gosched-job-1-0", "--gpus", '"device=0,2"',
-        "-e", "X=1", "--cpus", "1.5", "--memory", str(2**30), "img:1", "sh", "-c", "python train.py",
+        "-e", "X=1", "-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "--cpus", "1.5", "--memory", str(2**30), "img:1", "sh", "-c", "python train.py",
     ]  # fmt: skip
     podman = Container("/usr/bin/podman", "gosched-j-0")
-    argv = podman.run_argv("img:1", ["python", "-c", "pass"], {}, [1])
+    argv = podman.run_argv("img:1", ["python", "-c", "pass"], {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, [1])
     assert argv == [
         "/usr/bin/podman", "run", "--rm", "--name", "gosched-j-0", "--replace",
-        "-e", "NVIDIA_VISIBLE_DEVICES=1", "img:1", "python", "-c", "pass",
+        "-e", "NVIDIA_VISIBLE_DEVICES=1",
+        "-e", "CUDA_DEVICE_ORDER=FASTEST_FIRST", "-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "img:1", "python", "-c", "pass",
+    ]  # fmt: skip
+    # With GPUs the agent's order comes last, and so wins (docker and podman take the last -e);
+    # without GPUs nothing GPU-related is set.
+    argv = docker.run_argv("img:1", [], {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, [])
+    assert argv == [
+        "/usr/bin/docker", "run", "--rm", "--name", "gosched-job-1-0",
+        "-e", "CUDA_DEVICE_ORDER=FASTEST_FIRST", "img:1",
     ]  # fmt: skip
     line = docker.shell_command(["/usr/bin/docker", "run", "x"])
     assert line == "/usr/bin/docker rm -f gosched-job-1-0 >/dev/null 2>&1; exec /usr/bin/docker run x"
