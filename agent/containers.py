@@ -1,4 +1,5 @@
-"""Tasks with an image run in a container through docker or podman, whichever is installed.
+"""Tasks with an image run in a container through docker or podman: the first of them on PATH whose
+`info` probe succeeds.
 
 The task's process is the runtime's `run` client, attached (no -d): its exit code is the
 container's, its output is the container's, and a SIGTERM to it is passed on to the container.

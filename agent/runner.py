@@ -250,10 +250,18 @@ class AgentRunner:
         with self._lock:
             tasks = self._tasks
             assert tasks is not None
-            resend = tasks.reconcile(expected)
+            resume = {(r.task_id, r.stream): r.offset for r in response.log_resume}
+            resend, resent = tasks.reconcile(expected, resume)
             # Queued messages of tasks the master does not expect concern nobody any more. A node
-            # update stays: it may be newer than the node this registration sent.
-            self._outbox.keep_only(lambda m: task_of(m) in expected or m.HasField("node_update"))
+            # update stays: it may be newer than the node this registration sent. Queued output
+            # the master resumes from its own offsets is read again from there (what it lost comes
+            # first, with no hole in between); so is a final status that goes out again after it.
+            self._outbox.keep_only(
+                lambda m: (
+                    m.HasField("node_update")
+                    or (task_of(m) in expected and _kept_on_resume(m, resume, resent))
+                )
+            )
             queued = self._outbox.final_status_ids()
             for status in resend:
                 if status.task_id not in queued:
@@ -394,6 +402,17 @@ class AgentRunner:
         tasks.dirty = False
         self._offsets_moved = False
         self._last_save = now
+
+
+def _kept_on_resume(
+    msg: agent_pb2.AgentMessage, resume: Mapping[tuple[str, str], int], resent: set[str]
+) -> bool:
+    """Whether a message queued for an expected task still goes out as it is after a registration."""
+    if msg.HasField("log"):
+        return (msg.log.task_id, msg.log.stream) not in resume
+    if msg.HasField("task_status"):
+        return msg.task_status.task_id not in resent
+    return True
 
 
 @contextlib.contextmanager

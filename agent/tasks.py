@@ -232,15 +232,26 @@ class TaskTable:
         return any(r.final is not None for r in self.records.values())
 
     # -- (re)registration ------------------------------------------------------------------------------
-    def reconcile(self, expected: set[str]) -> list[agent_pb2.TaskStatus]:
+    def reconcile(
+        self, expected: set[str], resume: Mapping[tuple[str, str], int] | None = None
+    ) -> tuple[list[agent_pb2.TaskStatus], set[str]]:
         """Match what runs here with what the master expects: kill what it does not expect (without a
-        report), and return the statuses to send for expected tasks that do not run here."""
+        report). `resume`: per (task, stream), how much of the output the master holds (what a
+        broken stream lost is shipped again from there). Returns the statuses to send for expected
+        tasks that do not run here, and the tasks whose final status, already handed to a stream,
+        goes out again after their output's lost tail (the caller drops any queued copy)."""
+        resume = resume or {}
         for task_id, rec in list(self.records.items()):
             if task_id in expected:
                 if rec.stale:  # expected again while still dying: report its end after all
                     rec.stale = False
                     lost = "lost: killed while the master did not expect it"
                     rec.killed = rec.relaunch_killed or rec.killed or lost
+                for stream in rec.logs.streams:
+                    at = resume.get((task_id, stream.name))
+                    if at is not None:
+                        stream.offset = at
+                        self.dirty = True
                 continue
             if not rec.has_process:
                 del self.records[task_id]  # nothing runs, and nobody waits for its status
@@ -253,12 +264,25 @@ class TaskTable:
                 self._signal(rec, STALE_GRACE_S)
                 self.echo(f"killing {task_id}: the master does not expect it on this node")
         out: list[agent_pb2.TaskStatus] = []
+        again: set[str] = set()
         for task_id in sorted(expected - self.records.keys()):
             previous = self.finished.get(task_id)  # it ended, but the master did not get the status
+            if previous is not None and (task_id, "stdout") in resume:
+                # Its record again, ended: the worker ships the output from where the master's
+                # stops, then the status (as for any ended task), then forgets it again.
+                del self.finished[task_id]
+                paths = self.executor.log_paths(task_id)
+                held = (resume[(task_id, "stdout")], resume.get((task_id, "stderr"), 0))
+                logs = TaskLogs.of(task_id, *paths, held)
+                ended = agent_pb2.LaunchTask(task_id=task_id)  # what it was launched with is gone
+                self.records[task_id] = TaskRecord(ended, logs, final=previous)
+                self.dirty = True
+                again.add(task_id)
+                continue
             if previous is None:
                 previous = task_status(task_id, FAILED, NO_EXIT_CODE, LOST_HERE)
             out.append(previous)
-        return out
+        return out, again
 
     # -- state file ----------------------------------------------------------------------------------
     def snapshot(self, unsent: Mapping[tuple[str, str], int] | None = None) -> SavedState:

@@ -45,7 +45,7 @@ import grpc
 
 from gosched.api import convert
 from gosched.api.errors import ANSWERED_KEY
-from gosched.api.logs import LogStore
+from gosched.api.logs import STREAMS, LogStore
 from gosched.api.service import SchedulerService, TaskRestarts
 from gosched.common.errors import SpecError
 from gosched.common.job import JobKind, split_task_id
@@ -270,7 +270,23 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             session_id=session.session_id,
             heartbeat_interval_s=self.heartbeat_interval_s,
             expected_task_ids=expected,
+            log_resume=self._log_resume(node.name, expected),
         )
+
+    def _log_resume(self, node: str, expected: list[str]) -> list[agent_pb2.LogOffset]:
+        """Where each expected task's output stops here. A stream delivers in order, so what a
+        broken one lost is the tail: the agent ships again from these offsets. Read now, the old
+        stream's last chunks may still be written after: those come again, at the same offsets."""
+        out = []
+        for tid in expected:
+            with self._owners_lock:
+                owner = self._log_owner.get(tid, node)
+            if owner != node:
+                continue  # the log is another node's run's: this node's output is not taken
+            for stream in STREAMS:
+                held = self.logs.size(tid, stream)
+                out.append(agent_pb2.LogOffset(task_id=tid, stream=stream, offset=held))
+        return out
 
     def Connect(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         try:

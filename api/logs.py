@@ -47,6 +47,13 @@ class LogStore:
             self.generation += 1
             self._written.notify_all()
 
+    def size(self, task_id: str, stream: str) -> int:
+        """How many bytes of the stream are held (0: none yet)."""
+        try:
+            return self.path(task_id, stream).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def read(self, task_id: str, stream: str, offset: int, limit: int = READ_CHUNK) -> bytes:
         path = self.path(task_id, stream)
         if not path.exists():

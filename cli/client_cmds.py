@@ -1,5 +1,5 @@
 """The commands that talk to a running master through the Python Client: submit, jobs, get,
-describe, cancel, logs, explain, nodes, queues, status, cordon, drain.
+describe, cancel, logs, explain, nodes, queues, status, cordon, drain, delete-node.
 
 Every command takes `--master HOST:PORT` (env GOSCHED_MASTER, default localhost:9090) and, for a
 secured master, `--tls-ca`, `--tls-cert`, `--tls-key` and `--token-file` (or env GOSCHED_TOKEN);

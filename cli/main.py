@@ -22,7 +22,7 @@ config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 master_cmds.register(app)  # up, master
 agent_cmd.register(app)  # agent
-client_cmds.register(app)  # submit, jobs, get, describe, cancel, logs, nodes, queues, status, explain
+client_cmds.register(app)  # submit ... explain, cordon, drain, delete-node
 
 
 @app.command()

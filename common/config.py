@@ -357,6 +357,7 @@ OTHER_ENV = frozenset(
         "TASK_ID",
         "TASK_INDEX",
         "TASK_ROLE",
+        "TASK_NONCE",  # the mark the agent finds a task's escaped processes by (agent/proctrack.py)
         "ATTEMPT",
         "PROPERTY_EXAMPLES",
     }

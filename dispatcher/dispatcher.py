@@ -1271,12 +1271,13 @@ def backoff_delay(base: float, cap: float, failures: int) -> float:
 
 
 def same_request(job: Job, first: Job) -> bool:
-    """`job` repeats the request that submitted `first`: the same spec, whenever each was stamped or
-    wherever a relative deadline ("in 2h") put each one, and the same id unless `job` named none
-    (its id is the one generated for its submission id: a retry need not repeat a generated id)."""
+    """`job` repeats the request that submitted `first`: the same spec (its deadline included: a
+    deadline is a moment, the same in every retry), whenever each was stamped, and the same id
+    unless `job` named none (its id is the one generated for its submission id: a retry need not
+    repeat a generated id)."""
     named = job.id != generated_job_id(job.submission_id)
     job_id = job.id if named else first.id
-    return replace(job, id=job_id, submit_time=first.submit_time, deadline=first.deadline) == first
+    return replace(job, id=job_id, submit_time=first.submit_time) == first
 
 
 def _fits(cpu: int, mem: int, gpu: int, free: list[int]) -> bool:

@@ -1,5 +1,5 @@
-"""LocalControl: the ControlPlane over an in-process Pipeline (tests, `gosched demo`, a master
-started with `--in-process`)."""
+"""LocalControl: the ControlPlane over an in-process Pipeline (tests, `gosched bench --ingest
+--in-process`, a master started with `--in-process`)."""
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path

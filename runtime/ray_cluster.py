@@ -2,7 +2,7 @@
 
     rs = RayScheduler(settings, nodes, address=None)    # starts Ray, or joins `address`
     rs.submit(job) / rs.submit_many(jobs)
-    rs.run_until_idle(timeout=60.0)                     # rounds of every shard, concurrently
+    rs.run_until_idle(timeout=300.0)                    # rounds of every shard, concurrently
     rs.job_state(job_id) / rs.task_states(job_id) / rs.stats() / rs.shutdown()
 
 Who drives: this driver keeps one ShardCore.run_once call in flight per shard and waits on them

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -130,6 +132,66 @@ def test_an_agent_restarted_while_the_master_reads_nothing_leaves_no_hole_in_the
         master.wait(10)
         if master.stdout is not None:
             master.stdout.close()
+
+
+@contextmanager
+def stream_cut(master: Any, agent: Agent) -> Iterator[list[str]]:
+    """What the agent's current stream carries from now on is lost in transport (as when the
+    connection dies), until the stream is replaced at the end; the bodies lost are listed."""
+    gateway = gateway_of(master)
+    with gateway._lock:
+        doomed = gateway.sessions[agent.runner.name]
+    receive = gateway._receive
+    lost: list[str] = []
+
+    def lossy(session: Any, msg: Any) -> None:
+        if session is doomed:
+            lost.append(msg.WhichOneof("body"))
+        else:
+            receive(session, msg)
+
+    gateway._receive = lossy  # type: ignore[method-assign]
+    try:
+        yield lost
+        reconnect(master, agent)
+    finally:
+        gateway._receive = receive  # type: ignore[method-assign]
+
+
+def numbered_lines(count: int) -> bytes:
+    return b"".join(b"line %d\n" % i for i in range(count))
+
+
+def test_output_a_broken_stream_lost_is_shipped_again_from_where_the_masters_copy_stops(
+    tmp_path: Path,
+) -> None:
+    """Log chunks a stream took and lost with its connection were never sent again (nothing
+    acknowledges them): the master's copy of a running task's output kept a hole, and a task that
+    ended meanwhile lost its last lines with its final status."""
+    go = tmp_path / "go"
+    halt = f"[ $i = 99 ] && while [ ! -e {go} ]; do sleep 0.05; done"
+    running = f"for i in $(seq 0 199); do echo line $i; {halt}; done; sleep 1000"
+    ending = (
+        "for i in $(seq 0 49); do echo line $i; done; sleep 0.5; for i in $(seq 50 99); do echo line $i; done"
+    )
+    with (
+        master_at(tmp_path / "g.db") as master,
+        agents_of(master, tmp_path, "n1") as (agent,),
+        Client(master.target, timeout=10) as client,
+    ):
+        client.submit({"id": "run", "cpu": "0.1", "command": [running]})
+        wait_for("the first half", lambda: log_of(client, "run") == numbered_lines(100))
+        with stream_cut(master, agent) as lost:
+            go.touch()
+            client.submit({"id": "end", "cpu": "0.1", "command": [ending]})
+            wait_for("the run's second half lost", lambda: "log" in lost)
+            # Its RUNNING, then its final status (the agent forgets the task once it hands it over).
+            ended = agent.record("end/0")
+            wait_for("the end lost", lambda: lost.count("task_status") == 2 and not ended(lambda r: True))
+            assert client.get("end").tasks[0].state is not TaskState.SUCCEEDED
+        wait_for("the run's whole output", lambda: log_of(client, "run") == numbered_lines(200))
+        wait_for("the end", lambda: client.get("end").state is JobState.SUCCEEDED)
+        assert log_of(client, "end") == numbered_lines(100)
 
 
 def test_the_outbox_knows_the_first_log_bytes_the_master_may_not_have() -> None:

@@ -248,6 +248,10 @@ def test_same_request_ignores_only_a_generated_id() -> None:
     renamed = job_from_spec({"id": "other", "command": ["true"], "cpu": "1", "submission_id": "k"})
     assert same_request(first, first) and same_request(unnamed, first)
     assert not same_request(renamed, first)
+    # A deadline is part of the request: a retry repeats it (there is no relative deadline).
+    later = job_from_spec({"command": ["true"], "cpu": "1", "submission_id": "k", "deadline": 4e9})
+    earlier = job_from_spec({"command": ["true"], "cpu": "1", "submission_id": "k", "deadline": 3e9})
+    assert same_request(later, later) and not same_request(earlier, later)
 
 
 def test_a_retry_naming_another_job_is_refused(server: ServerHandle, client: Client) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gosched.proto.v1 import types_pb2 as gosched_dot_proto_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgosched/proto/v1/agent.proto\x12\ngosched.v1\x1a\x1cgosched/proto/v1/types.proto\"X\n\x0fRegisterRequest\x12\x1e\n\x04node\x18\x01 \x01(\x0b\x32\x10.gosched.v1.Node\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x0e\n\x06limits\x18\x03 \x01(\t\"r\n\x10RegisterResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x19\n\x11\x65xpected_task_ids\x18\x04 \x03(\t\"G\n\x08GpuUsage\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x13\n\x0butilization\x18\x02 \x01(\x01\x12\x17\n\x0fmemory_used_mib\x18\x03 \x01(\x03\"\\\n\tNodeUsage\x12\x16\n\x0e\x63pu_used_milli\x18\x01 \x01(\x03\x12\x13\n\x0bmemory_used\x18\x02 \x01(\x03\x12\"\n\x04gpus\x18\x03 \x03(\x0b\x32\x14.gosched.v1.GpuUsage\"Y\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12$\n\x05usage\x18\x02 \x01(\x0b\x32\x15.gosched.v1.NodeUsage\x12\x18\n\x10running_task_ids\x18\x03 \x03(\t\"\x9f\x01\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.gosched.v1.TaskState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04time\x18\x05 \x01(\x01\x12\x10\n\x08restarts\x18\x06 \x01(\x05\x12\x16\n\x0elast_exit_time\x18\x07 \x01(\x01\"\xe6\x01\n\x0c\x41gentMessage\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.gosched.v1.HeartbeatH\x00\x12-\n\x0btask_status\x18\x04 \x01(\x0b\x32\x16.gosched.v1.TaskStatusH\x00\x12#\n\x03log\x18\x05 \x01(\x0b\x32\x14.gosched.v1.LogChunkH\x00\x12\'\n\x0bnode_update\x18\x06 \x01(\x0b\x32\x10.gosched.v1.NodeH\x00\x42\x06\n\x04\x62ody\"\xb2\x02\n\nLaunchTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x05 \x03(\t\x12,\n\x03\x65nv\x18\x06 \x03(\x0b\x32\x1f.gosched.v1.LaunchTask.EnvEntry\x12\x11\n\tcpu_milli\x18\x07 \x01(\x03\x12\x0e\n\x06memory\x18\x08 \x01(\x03\x12\'\n\x04gpus\x18\t \x03(\x0b\x32\x19.gosched.v1.GpuAssignment\x12\x0f\n\x07\x61ttempt\x18\n \x01(\x05\x12\x0f\n\x07service\x18\x0b \x01(\x08\x12\r\n\x05image\x18\x0c \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x08KillTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x16\n\x0egrace_period_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"j\n\x10SchedulerMessage\x12(\n\x06launch\x18\x01 \x01(\x0b\x32\x16.gosched.v1.LaunchTaskH\x00\x12$\n\x04kill\x18\x02 \x01(\x0b\x32\x14.gosched.v1.KillTaskH\x00\x42\x06\n\x04\x62ody2\x9c\x01\n\x0c\x41gentService\x12\x45\n\x08Register\x12\x1b.gosched.v1.RegisterRequest\x1a\x1c.gosched.v1.RegisterResponse\x12\x45\n\x07\x43onnect\x12\x18.gosched.v1.AgentMessage\x1a\x1c.gosched.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgosched/proto/v1/agent.proto\x12\ngosched.v1\x1a\x1cgosched/proto/v1/types.proto\"X\n\x0fRegisterRequest\x12\x1e\n\x04node\x18\x01 \x01(\x0b\x32\x10.gosched.v1.Node\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x0e\n\x06limits\x18\x03 \x01(\t\"\x9d\x01\n\x10RegisterResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x19\n\x11\x65xpected_task_ids\x18\x04 \x03(\t\x12)\n\nlog_resume\x18\x05 \x03(\x0b\x32\x15.gosched.v1.LogOffset\"<\n\tLogOffset\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"G\n\x08GpuUsage\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x13\n\x0butilization\x18\x02 \x01(\x01\x12\x17\n\x0fmemory_used_mib\x18\x03 \x01(\x03\"\\\n\tNodeUsage\x12\x16\n\x0e\x63pu_used_milli\x18\x01 \x01(\x03\x12\x13\n\x0bmemory_used\x18\x02 \x01(\x03\x12\"\n\x04gpus\x18\x03 \x03(\x0b\x32\x14.gosched.v1.GpuUsage\"Y\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12$\n\x05usage\x18\x02 \x01(\x0b\x32\x15.gosched.v1.NodeUsage\x12\x18\n\x10running_task_ids\x18\x03 \x03(\t\"\x9f\x01\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.gosched.v1.TaskState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04time\x18\x05 \x01(\x01\x12\x10\n\x08restarts\x18\x06 \x01(\x05\x12\x16\n\x0elast_exit_time\x18\x07 \x01(\x01\"\xe6\x01\n\x0c\x41gentMessage\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.gosched.v1.HeartbeatH\x00\x12-\n\x0btask_status\x18\x04 \x01(\x0b\x32\x16.gosched.v1.TaskStatusH\x00\x12#\n\x03log\x18\x05 \x01(\x0b\x32\x14.gosched.v1.LogChunkH\x00\x12\'\n\x0bnode_update\x18\x06 \x01(\x0b\x32\x10.gosched.v1.NodeH\x00\x42\x06\n\x04\x62ody\"\xb2\x02\n\nLaunchTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x05 \x03(\t\x12,\n\x03\x65nv\x18\x06 \x03(\x0b\x32\x1f.gosched.v1.LaunchTask.EnvEntry\x12\x11\n\tcpu_milli\x18\x07 \x01(\x03\x12\x0e\n\x06memory\x18\x08 \x01(\x03\x12\'\n\x04gpus\x18\t \x03(\x0b\x32\x19.gosched.v1.GpuAssignment\x12\x0f\n\x07\x61ttempt\x18\n \x01(\x05\x12\x0f\n\x07service\x18\x0b \x01(\x08\x12\r\n\x05image\x18\x0c \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x08KillTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x16\n\x0egrace_period_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"j\n\x10SchedulerMessage\x12(\n\x06launch\x18\x01 \x01(\x0b\x32\x16.gosched.v1.LaunchTaskH\x00\x12$\n\x04kill\x18\x02 \x01(\x0b\x32\x14.gosched.v1.KillTaskH\x00\x42\x06\n\x04\x62ody2\x9c\x01\n\x0c\x41gentService\x12\x45\n\x08Register\x12\x1b.gosched.v1.RegisterRequest\x1a\x1c.gosched.v1.RegisterResponse\x12\x45\n\x07\x43onnect\x12\x18.gosched.v1.AgentMessage\x1a\x1c.gosched.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,26 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LAUNCHTASK_ENVENTRY']._serialized_options = b'8\001'
   _globals['_REGISTERREQUEST']._serialized_start=74
   _globals['_REGISTERREQUEST']._serialized_end=162
-  _globals['_REGISTERRESPONSE']._serialized_start=164
-  _globals['_REGISTERRESPONSE']._serialized_end=278
-  _globals['_GPUUSAGE']._serialized_start=280
-  _globals['_GPUUSAGE']._serialized_end=351
-  _globals['_NODEUSAGE']._serialized_start=353
-  _globals['_NODEUSAGE']._serialized_end=445
-  _globals['_HEARTBEAT']._serialized_start=447
-  _globals['_HEARTBEAT']._serialized_end=536
-  _globals['_TASKSTATUS']._serialized_start=539
-  _globals['_TASKSTATUS']._serialized_end=698
-  _globals['_AGENTMESSAGE']._serialized_start=701
-  _globals['_AGENTMESSAGE']._serialized_end=931
-  _globals['_LAUNCHTASK']._serialized_start=934
-  _globals['_LAUNCHTASK']._serialized_end=1240
-  _globals['_LAUNCHTASK_ENVENTRY']._serialized_start=1198
-  _globals['_LAUNCHTASK_ENVENTRY']._serialized_end=1240
-  _globals['_KILLTASK']._serialized_start=1242
-  _globals['_KILLTASK']._serialized_end=1309
-  _globals['_SCHEDULERMESSAGE']._serialized_start=1311
-  _globals['_SCHEDULERMESSAGE']._serialized_end=1417
-  _globals['_AGENTSERVICE']._serialized_start=1420
-  _globals['_AGENTSERVICE']._serialized_end=1576
+  _globals['_REGISTERRESPONSE']._serialized_start=165
+  _globals['_REGISTERRESPONSE']._serialized_end=322
+  _globals['_LOGOFFSET']._serialized_start=324
+  _globals['_LOGOFFSET']._serialized_end=384
+  _globals['_GPUUSAGE']._serialized_start=386
+  _globals['_GPUUSAGE']._serialized_end=457
+  _globals['_NODEUSAGE']._serialized_start=459
+  _globals['_NODEUSAGE']._serialized_end=551
+  _globals['_HEARTBEAT']._serialized_start=553
+  _globals['_HEARTBEAT']._serialized_end=642
+  _globals['_TASKSTATUS']._serialized_start=645
+  _globals['_TASKSTATUS']._serialized_end=804
+  _globals['_AGENTMESSAGE']._serialized_start=807
+  _globals['_AGENTMESSAGE']._serialized_end=1037
+  _globals['_LAUNCHTASK']._serialized_start=1040
+  _globals['_LAUNCHTASK']._serialized_end=1346
+  _globals['_LAUNCHTASK_ENVENTRY']._serialized_start=1304
+  _globals['_LAUNCHTASK_ENVENTRY']._serialized_end=1346
+  _globals['_KILLTASK']._serialized_start=1348
+  _globals['_KILLTASK']._serialized_end=1415
+  _globals['_SCHEDULERMESSAGE']._serialized_start=1417
+  _globals['_SCHEDULERMESSAGE']._serialized_end=1523
+  _globals['_AGENTSERVICE']._serialized_start=1526
+  _globals['_AGENTSERVICE']._serialized_end=1682
 # @@protoc_insertion_point(module_scope)

@@ -18,16 +18,28 @@ class RegisterRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[_types_pb2.Node, _Mapping]] = ..., agent_version: _Optional[str] = ..., limits: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("node_name", "session_id", "heartbeat_interval_s", "expected_task_ids")
+    __slots__ = ("node_name", "session_id", "heartbeat_interval_s", "expected_task_ids", "log_resume")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_RESUME_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     session_id: str
     heartbeat_interval_s: float
     expected_task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_name: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., expected_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    log_resume: _containers.RepeatedCompositeFieldContainer[LogOffset]
+    def __init__(self, node_name: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., expected_task_ids: _Optional[_Iterable[str]] = ..., log_resume: _Optional[_Iterable[_Union[LogOffset, _Mapping]]] = ...) -> None: ...
+
+class LogOffset(_message.Message):
+    __slots__ = ("task_id", "stream", "offset")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    stream: str
+    offset: int
+    def __init__(self, task_id: _Optional[str] = ..., stream: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class GpuUsage(_message.Message):
     __slots__ = ("index", "utilization", "memory_used_mib")
