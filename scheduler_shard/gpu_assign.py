@@ -2,7 +2,9 @@
 
 Whole GPUs: the set on one NUMA node with the most NVLink links among its members, taking the
 NUMA node with the fewest free GPUs that still fits (keeps larger free groups whole). A GPU share
-goes to the eligible GPU with the least room that still fits (best fit: keeps whole GPUs free).
+goes to the eligible GPU with the least room that still fits (best fit: keeps whole GPUs free);
+when only whole free GPUs fit, to the one a one-GPU task would take (keeps NVLinked pairs and
+NUMA groups whole for the multi-GPU tasks to come).
 """
 
 import numpy as np
@@ -92,4 +94,6 @@ def choose_gpus(tc: TaskClass, state: ClusterArrays, row: int) -> tuple[tuple[in
     if not fits:
         return None
     g = min(fits, key=lambda i: (int(free[i]), i))
+    if free[g] == GPU_MILLI:  # no partly used GPU fits: each of `fits` is whole
+        g = _choose_whole(fits, 1, state.gpu_numa[row], state.gpu_nvlink[row])[0]
     return ((g, req.gpu_milli),)

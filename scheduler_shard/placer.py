@@ -35,6 +35,7 @@ class Placer:
         # The last read-only node mask seen and its rows: the own-partition mask recurs every unit.
         self._mask: Mask | None = None
         self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
+        self._own: Mask | None = None  # the unit's first location (the own partition), if others follow
 
     def schedule_unit(
         self,
@@ -59,22 +60,31 @@ class Placer:
                 domains = list(found)
                 self._grouping = grouping
                 break
-        # Victims, too, are sought in the shard's own partition first: shards that all search the
-        # whole cluster pick the same least important victims, and the binder refuses all but one.
         passes = (False, True) if self.profile.preemption and self.profile.victim_searching else (False,)
+        # The preemption pass searches the last (widest) location alone: in the own partition
+        # first, it evicted there while room was free elsewhere, or evicted more important tasks
+        # than the cluster's least important. Shards searching alike would pick the same victims,
+        # and the binder refuse all but one, so at equal harm the own partition's go first.
+        self._own = locations[0] if len(locations) > 1 else None
         for preempt in passes:
-            for location in locations:
+            victims_of = assumed if preempt else None
+            for location in locations[-1:] if preempt else locations:
+                # An elastic unit may reach its minimum in several domains: it takes the one
+                # where most of its tasks fit (the first of those), not the first where the
+                # minimum does, as the rest of the job may later go only where it is.
+                best: tuple[int, Mask | None] | None = None
                 for domain in domains:
-                    unplaced = self._try(ctx, state, _both(location, domain), assumed if preempt else None)
-                    if len(ctx.placements) >= unit.min_needed:
-                        leftover = self._leftover(ctx, state, unplaced)
-                        if leftover is not None and not preempt and len(passes) > 1:
-                            # The unit placed its minimum without preemption, which was never
-                            # tried for the rest: the verdict on them holds only until a retry
-                            # (min_needed is then 1, and the preemption pass runs).
-                            leftover = replace(leftover, settling=True)
-                        return ctx, leftover
+                    unplaced = self._try(ctx, state, _both(location, domain), victims_of)
+                    placed = len(ctx.placements)
+                    if placed >= unit.min_needed:
+                        if not unplaced or len(domains) == 1:
+                            return ctx, self._leftover(ctx, state, unplaced, preempt, len(passes) > 1)
+                        if best is None or placed > best[0]:
+                            best = (placed, domain)
                     ctx.rollback(state)
+                if best is not None:
+                    unplaced = self._try(ctx, state, _both(location, best[1]), victims_of)
+                    return ctx, self._leftover(ctx, state, unplaced, preempt, len(passes) > 1)
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
     def _try(
@@ -134,7 +144,7 @@ class Placer:
                 if assumed is None:
                     unplaced.append(idx)
                     continue
-                candidate = find_candidate(self.profile, entry, state, ctx, allowed, assumed())
+                candidate = find_candidate(self.profile, entry, state, ctx, allowed, assumed(), self._own)
                 if candidate is None:
                     unplaced.append(idx)
                     continue
@@ -165,8 +175,18 @@ class Placer:
         rules = [] if self._grouping is None else self._grouping.explain(ctx.unit, state)
         return diagnose(self.profile, tc, state, ctx, note, rules)
 
-    def _leftover(self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int]) -> Unschedulable | None:
-        return self._unschedulable(ctx, state, unplaced) if unplaced else None
+    def _leftover(
+        self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int], preempted: bool, may_preempt: bool
+    ) -> Unschedulable | None:
+        if not unplaced:
+            return None
+        leftover = self._unschedulable(ctx, state, unplaced)
+        if not preempted and may_preempt:
+            # The unit placed its minimum without preemption, which was never tried for the rest:
+            # the verdict on them holds only until a retry (min_needed is then 1, and the
+            # preemption pass runs).
+            leftover = replace(leftover, settling=True)
+        return leftover
 
     def _unschedulable(self, ctx: UnitContext, state: ClusterArrays, indexes: list[int]) -> Unschedulable:
         unit = ctx.unit

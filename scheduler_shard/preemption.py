@@ -306,7 +306,8 @@ def victims_on_row(
         price = pricer.price(victims)
         if price is None:
             return None
-    return PricedCandidate(row, victims, *price)
+    lost, lost_priority = price
+    return PricedCandidate(row, victims, lost=lost, lost_priority=lost_priority)
 
 
 ReprieveOrder = Callable[[Resident], tuple[float, ...]]  # sort key: the first reprieved first
@@ -418,11 +419,12 @@ def find_candidate(
     ctx: UnitContext,
     allowed: Mask | None,
     assumed: AbstractSet[str] = frozenset(),
+    own: Mask | None = None,
 ) -> Candidate | None:
     """The best node and its victims for the task, or None. Tasks in `assumed` (placements of
     this shard's units still awaiting the binder) are never victims: they are not bound, so the
     binder would refuse the proposal, and undoing the two attempts would then restore a task that
-    was never placed."""
+    was never placed. `own`: the shard's partition, whose candidates win at equal harm."""
     tc, unit = entry.tc, ctx.unit
     req = tc.request
     n = state.n
@@ -489,6 +491,7 @@ def find_candidate(
         pricer.refused = ""
         candidate = victims_on_row(entry, state, row, eligible, pricer)
         if candidate is not None:
+            candidate.remote = own is not None and not own[row]
             candidates.append(candidate)
             if len(candidates) >= limit:
                 break

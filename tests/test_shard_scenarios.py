@@ -480,6 +480,18 @@ def test_gpu_share_best_fit_keeps_whole_gpus_free() -> None:
     assert out.proposals[0].placements[0].gpus == ((1, 500),)
 
 
+def test_a_gpu_share_on_a_whole_gpu_keeps_the_linked_pair_whole() -> None:
+    # GPUs 0-1 and 2-3 are NVLinked pairs on NUMA nodes 0 and 1; GPU 2 is taken. A share that must
+    # take a whole GPU takes 3 (its peer is busy), as a one-GPU task would, not 0: the next
+    # two-GPU task then still gets the linked pair on one NUMA node.
+    node = make_node("n").cpu("32").mem("128Gi").gpus(4, numa_nodes=2, nvlink_pairs=True).build()
+    shard = shard_with([node], [(_filler("busy", gpus=1), 0, "n", ((2, 1000),))])
+    share = run_units(shard, [make_job("share").cpu("1").mem("1Gi").gpu_share(500).build()])
+    assert share.proposals[0].placements[0].gpus == ((3, 500),)
+    two = run_units(shard, [make_job("two").cpu("1").mem("1Gi").gpus(2).build()])
+    assert two.proposals[0].placements[0].gpus == ((0, 1000), (1, 1000))
+
+
 def test_fragmentation_score_fills_a_partly_used_node() -> None:
     nodes = [make_node("fresh").gpus(1).build(), make_node("partial").gpus(1).build()]
     running = [(_filler("o", share=500), 0, "partial", ((0, 500),))]
@@ -758,6 +770,32 @@ def test_victims_are_sought_in_the_own_partition_first() -> None:
     assert sorted(nodes_taken[1:]) == ["n0", "n1"]
 
 
+def test_a_gang_preempts_only_for_what_free_room_anywhere_cannot_hold() -> None:
+    # The own partition's nodes are busy, three nodes beyond it are free: a gang of four needs one
+    # victim, not four (the preemption pass used to search the own partition alone first).
+    nodes = [make_node(f"n{i}").cpu("8").mem("32Gi").gpus(1).build() for i in range(8)]
+    low = [make_job(f"low{i}").cpu("8").mem("16Gi").gpus(1).build() for i in range(5)]
+    running = [(low[i], 0, f"n{i}", ((0, 1000),)) for i in range(4)] + [(low[4], 0, "n7", ((0, 1000),))]
+    shard = shard_with(nodes, running)
+    shard.set_partition(["n0", "n1", "n2", "n3"])
+    gang = make_job("gang").cpu("8").mem("16Gi").gpus(1).replicas(4).min_member(4).priority(100).build()
+    (proposal,) = run_units(shard, [gang]).proposals
+    victims = [v for p in proposal.placements for v in p.victims]
+    assert sorted(p.node for p in proposal.placements if not p.victims) == ["n4", "n5", "n6"]
+    assert len(victims) == 1 and victims[0] in {"low0/0", "low1/0", "low2/0", "low3/0"}
+
+
+def test_less_important_victims_beyond_the_own_partition_go_first() -> None:
+    # kube-scheduler picks the node whose highest victim priority is lowest, cluster-wide.
+    nodes = [make_node(f"n{i}").cpu("8").build() for i in range(4)]
+    running = [(make_job(f"p90-{i}").cpu("8").priority(90).build(), 0, f"n{i}", ()) for i in (0, 1)]
+    running += [(make_job(f"p0-{i}").cpu("8").priority(0).build(), 0, f"n{i}", ()) for i in (2, 3)]
+    shard = shard_with(nodes, running)
+    shard.set_partition(["n0", "n1"])
+    (proposal,) = run_units(shard, [make_job("high").cpu("8").priority(100).build()]).proposals
+    assert proposal.placements[0].victims in (("p0-2/0",), ("p0-3/0",))
+
+
 def test_pack_domain_places_a_gang_in_one_zone() -> None:
     nodes = [make_node(f"n{i}").cpu("4").label(zone="a" if i % 2 else "b").build() for i in range(6)]
     job = (
@@ -766,6 +804,26 @@ def test_pack_domain_places_a_gang_in_one_zone() -> None:
     out = run_units(shard_with(nodes), [job])
     zones = {("a" if int(p.node[1:]) % 2 else "b") for p in out.proposals[0].placements}
     assert len(zones) == 1
+
+
+def test_an_elastic_pack_domain_gang_takes_the_domain_that_holds_most_of_it() -> None:
+    # Zone a has the most free GPUs but CPU for two replicas; zone b holds all four. The first
+    # domain where the minimum fits used to win, and the rest waited there for good.
+    nodes = [
+        make_node("a0").cpu("16").mem("64Gi").gpus(6).label(zone="a").build(),
+        make_node("b0").cpu("16").mem("64Gi").gpus(2).label(zone="b").build(),
+        make_node("b1").cpu("16").mem("64Gi").gpus(2).label(zone="b").build(),
+    ]
+    labels = {"gosched.io/pack-domain": "zone"}
+    job = make_job("el").cpu("8").mem("8Gi").gpus(1).replicas(4).min_member(2).labels(**labels).build()
+    out = run_units(shard_with(nodes), [job])
+    assert sorted(p.node for p in out.proposals[0].placements) == ["b0", "b0", "b1", "b1"]
+    assert out.unschedulable == []
+    # With room for the minimum alone anywhere, the first such domain (most free GPUs) still wins.
+    small = make_job("el2").cpu("8").mem("8Gi").gpus(1).replicas(4).min_member(2).labels(**labels).build()
+    busy = [(make_job(f"f{i}").cpu("8").build(), 0, n, ()) for i, n in enumerate(["b0", "b1", "b1"])]
+    out = run_units(shard_with(nodes, busy), [small])
+    assert [p.node for p in out.proposals[0].placements] == ["a0", "a0"]
 
 
 # -- placement policies: bin-pack vs spread vs balanced on one cluster -------------------------------

@@ -126,6 +126,9 @@ class Candidate:
 
     row: int
     victims: list[Resident]
+    # Outside the shard's own partition: at equal harm, victims in the own partition go first
+    # (another shard, searching its own, is then unlikely to pick the same ones).
+    remote: bool = False
 
     @property
     def max_priority(self) -> int:

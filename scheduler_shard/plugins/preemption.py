@@ -71,8 +71,9 @@ class CapacityReclaim(VictimSearchingPlugin):
 @register
 class Lexicographic(CandidateSortingPlugin):
     """No victims first, then the lowest highest-victim priority, the lowest priority sum, the
-    fewest victims, and the latest earliest start among the victims (evict young work). Sum and
-    count take in the tasks of the gangs the eviction breaks (`lost`), which go with it."""
+    fewest victims, the shard's own partition, and the latest earliest start among the victims
+    (evict young work). Sum and count take in the tasks of the gangs the eviction breaks (`lost`),
+    which go with it."""
 
     name = "lexicographic"
 
@@ -89,9 +90,9 @@ class PricedCandidate(Candidate):
     lost_priority: int = 0
 
 
-def _harm(c: Candidate) -> tuple[bool, int, int, int, float, int]:
+def _harm(c: Candidate) -> tuple[bool, int, int, int, bool, float, int]:
     if isinstance(c, PricedCandidate):
         lost, lost_priority = c.lost, c.lost_priority
     else:
         lost, lost_priority = len(c.victims), c.priority_sum
-    return (bool(c.victims), c.max_priority, lost_priority, lost, -c.earliest_start, c.row)
+    return (bool(c.victims), c.max_priority, lost_priority, lost, c.remote, -c.earliest_start, c.row)
