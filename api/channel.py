@@ -71,6 +71,22 @@ class ChannelSecurity:
         return cls(roots, chain, key, token)
 
 
+def target_error(target: str) -> str | None:
+    """Why `target` is no master address (None: it may be one). gRPC takes a port above 65535
+    modulo 2**16, so `host:117641` would reach port 52105 unasked. A target with a scheme
+    (`dns:///`, `unix:`, `ipv4:`) is left to gRPC."""
+    if not target.strip():
+        return "must be HOST:PORT, got an empty address"
+    if ":/" in target or target.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")):
+        return None
+    host, colon, port = target.rpartition(":")
+    if not colon or not host or (":" in host and not host.startswith("[")):
+        return None  # a bare host (gRPC's default port) or an IPv6 address without brackets
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"the port must be a number from 1 to 65535, got {port!r} in {target!r}"
+    return None
+
+
 def open_channel(
     target: str, security: ChannelSecurity | None = None, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.Channel:

@@ -559,8 +559,10 @@ class SchedulerService:
         return snap.state, "\n".join(lines)
 
     def watch(self, job_id: str, is_active: Callable[[], bool] = lambda: True) -> Iterator[JobView]:
-        """The job now, then each change of its state or of its tasks; ends after a final state,
-        when `is_active()` turns false, or when the service stops."""
+        """The job now, then each change of its state or of its tasks; ends after a final state or
+        when `is_active()` turns false. Unavailable when the service stops: the job goes on, and
+        a watcher may watch again once the master is back (a stream that just ended would read
+        as the job's end)."""
         last: JobView | None = None
         while True:
             with self._changed:
@@ -574,7 +576,7 @@ class SchedulerService:
             with self._changed:
                 self._changed.wait_for(functools.partial(self._moved_on, seen), timeout=0.5)
             if self._stop.is_set():
-                return
+                raise Unavailable(f"the master stopped while job {job_id} was {view.state.value}")
 
     def _moved_on(self, seen: int) -> bool:
         return self.version != seen or self._stop.is_set()

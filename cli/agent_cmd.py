@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from gosched.agent.containers import RUNTIME_PROBE_S
-from gosched.api.channel import ChannelSecurity
+from gosched.api.channel import ChannelSecurity, target_error
 from gosched.cli.exits import ExitCode
 from gosched.cli.flags import FlagError, check_seconds, refuse, security_flag_error
 from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Taint, TaintEffect
@@ -134,6 +134,9 @@ def register(app: typer.Typer) -> None:
         """Run the node agent: register this machine with the master and run the tasks bound to it."""
         # Every flag is checked before the agent probes the machine or reaches for the master.
         try:
+            why = target_error(master)
+            if why is not None:
+                raise FlagError("--master", why)
             check_seconds("--grace", grace, zero=True)  # 0: SIGKILL at once
             check_seconds("--runtime-probe", runtime_probe, zero=True)  # 0: only at start
             cpu_milli = _quantity("--cpus", cpus, parse_milli)

@@ -9,13 +9,16 @@ the listing ones take `-o table|wide|json|yaml`. Exit codes are in gosched.cli.e
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 
+from gosched.api.channel import target_error
 from gosched.api.client import Client, DeadlineExceeded, InvalidArgument
 from gosched.api.convert import JobInfo
+from gosched.api.errors import Unavailable
 from gosched.cli import output as out
 from gosched.cli.exits import CliError, ExitCode, reported
 from gosched.cli.flags import check_seconds, refuse, security_flag_error
@@ -29,6 +32,10 @@ from gosched.common.states import JobState
 DEFAULT_MASTER = "localhost:9090"
 CALL_TIMEOUT_S = 20.0  # per call: a master that does not answer by then counts as unavailable
 PAGE_SIZE = 500
+# How long `submit --wait` keeps watching again for a master that went away (a restart): the job
+# is durable and goes on meanwhile.
+REWATCH_S = 60.0
+REWATCH_EVERY_S = 1.0
 
 MasterOpt = Annotated[
     str,
@@ -83,6 +90,9 @@ def _client(
     --token-file's (or GOSCHED_TOKEN_FILE's), else GOSCHED_TOKEN's."""
     token = (os.environ.get("GOSCHED_TOKEN") or None) if token_file is None else None
     with reported(master, submitting=submitting):
+        why = target_error(master)
+        if why is not None:
+            raise CliError(f"--master: {why}")
         try:
             client = Client(
                 master,
@@ -197,10 +207,31 @@ def _wait(client: Client, job_id: str, timeout: float | None) -> None:
     """Show the job's progress until it ends; exit 1 unless it succeeded."""
     progress = Progress(sys.stderr)
     last: JobInfo | None = None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    gone_since: float | None = None  # when the master stopped answering
     try:
-        for info in client.watch(job_id, timeout=timeout):
-            progress.show(info)
-            last = info
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                for info in client.watch(job_id, timeout=left):
+                    gone_since = None
+                    progress.show(info)
+                    last = info
+                break
+            except Unavailable as exc:
+                now = time.monotonic()
+                if gone_since is None:
+                    gone_since = now
+                    progress.close()
+                    typer.echo(f"the master went away ({exc.message}): watching {job_id} again", err=True)
+                if now - gone_since >= REWATCH_S or (deadline is not None and now >= deadline):
+                    state = last.state.value if last else "unknown"
+                    raise CliError(
+                        f"lost the master for {now - gone_since:.0f}s: job {job_id} was {state} "
+                        f"(it goes on; gosched get {job_id})",
+                        ExitCode.UNAVAILABLE,
+                    ) from None
+                time.sleep(REWATCH_EVERY_S)
     except DeadlineExceeded:
         state = last.state.value if last else "unknown"
         raise CliError(

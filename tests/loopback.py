@@ -20,8 +20,10 @@ def sim_master(
     queues: tuple[str, ...] = ("default",),
     task_seconds: float | None = None,
     log_dir: Path | None = None,
+    port: int = 0,
 ) -> ServerHandle:
-    """A master with its store in `folder`, ready to answer (stop it with .stop())."""
+    """A master with its store in `folder` (on `port`, 0: a free one), ready to answer (stop it
+    with .stop())."""
     settings = Settings(
         store_path=str(folder / "gosched.db"),
         shards=shards,
@@ -32,7 +34,7 @@ def sim_master(
     return serve(
         settings,
         sim_nodes(nodes),
-        grpc_port=0,
+        grpc_port=port,
         http_port=None,
         host="127.0.0.1",
         wait_ready=True,
