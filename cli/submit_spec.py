@@ -103,7 +103,10 @@ def key_values(items: tuple[str, ...] | list[str], flag: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise CliError(f"{flag}: expected KEY=VALUE, got {item!r}")
-        out[key.strip()] = value
+        key = key.strip()
+        if key in out and out[key] != value:  # the last would silently win, and a constraint be lost
+            raise CliError(f"{flag}: {key!r} is given twice ({key}={out[key]} and {item})")
+        out[key] = value
     return out
 
 

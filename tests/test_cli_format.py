@@ -68,6 +68,13 @@ def test_flags_build_the_flat_spec() -> None:
     assert from_stdin == {"command": "true", "queue": "prod"}
     with pytest.raises(CliError, match="--selector: expected KEY=VALUE"):
         build_spec(None, JobFlags(command=("x",), selectors=("zone",)), io.StringIO())
+    # A key given twice with two values would lose a constraint without a word (the last won).
+    with pytest.raises(CliError, match="--selector: 'zone' is given twice"):
+        build_spec(None, JobFlags(command=("x",), selectors=("zone=a", "zone=b")), io.StringIO())
+    with pytest.raises(CliError, match="--env: 'K' is given twice"):
+        build_spec(None, JobFlags(command=("x",), env=("K=1", "K=2")), io.StringIO())
+    twice = build_spec(None, JobFlags(command=("x",), selectors=("zone=a,zone=a",)), io.StringIO())
+    assert twice["node_selector"] == {"zone": "a"}  # the same pair twice says nothing new
     assert [flag_for(f) for f in ("cpu", "env['X']", "min_member", "groups[0].cpu", "")] == [
         "--cpus", "--env", "--min-member", None, None,
     ]  # fmt: skip
