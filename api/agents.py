@@ -277,16 +277,13 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         """Where each expected task's output stops here. A stream delivers in order, so what a
         broken one lost is the tail: the agent ships again from these offsets. Read now, the old
         stream's last chunks may still be written after: those come again, at the same offsets."""
-        out = []
-        for tid in expected:
-            with self._owners_lock:
-                owner = self._log_owner.get(tid, node)
-            if owner != node:
-                continue  # the log is another node's run's: this node's output is not taken
-            for stream in STREAMS:
-                held = self.logs.size(tid, stream)
-                out.append(agent_pb2.LogOffset(task_id=tid, stream=stream, offset=held))
-        return out
+        with self._owners_lock:  # a log another node's run owns does not take this node's output
+            mine = [tid for tid in expected if self._log_owner.get(tid, node) == node]
+        return [
+            agent_pb2.LogOffset(task_id=tid, stream=stream, offset=self.logs.size(tid, stream))
+            for tid in mine
+            for stream in STREAMS
+        ]
 
     def Connect(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         try:
