@@ -31,7 +31,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -53,8 +53,10 @@ from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, cluster_pb2, cluster_pb2
 from gosched.runtime.control import ControlPlane
 from gosched.runtime.local_control import LocalControl
 from gosched.runtime.sim_tasks import SimulatedTasks
+from gosched.runtime.simulation import drop_stale_simulated
 
 log = logging.getLogger(__name__)
+C = TypeVar("C", bound=ControlPlane)
 
 DEFAULT_GRPC_PORT = 9090
 DEFAULT_HTTP_PORT = 8080
@@ -317,7 +319,7 @@ def control_factory(
 ) -> Callable[[], ControlPlane]:
     """How the service builds its control plane: "local" (one process) or "ray" (actors)."""
     if runtime == "local":
-        return lambda: LocalControl(settings, nodes, store_path)
+        return lambda: _without_stale_simulated(LocalControl(settings, nodes, store_path), nodes)
     if runtime == "ray":
         from gosched.runtime.ray_control import RayControl  # imports ray: only when asked for
 
@@ -326,8 +328,20 @@ def control_factory(
         ray_settings = settings.model_copy(
             update={"store_path": absolute_store(store_path or settings.store_path)}
         )
-        return lambda: RayControl(ray_settings, nodes, address=ray_address)
+        return lambda: _without_stale_simulated(RayControl(ray_settings, nodes, address=ray_address), nodes)
     raise ValueError(f"runtime must be 'local' or 'ray', got {runtime!r}")
+
+
+def _without_stale_simulated(control: C, nodes: Sequence[Node]) -> C:
+    stale = drop_stale_simulated(control, nodes)
+    if stale:
+        log.warning(
+            "removed %d simulated node(s) an earlier start left in the store (not given again): %s%s",
+            len(stale),
+            ", ".join(stale[:5]),
+            " ..." if len(stale) > 5 else "",
+        )
+    return control
 
 
 def serve(

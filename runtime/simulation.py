@@ -1,11 +1,15 @@
 """Simulated nodes and workloads for tests, benchmarks and the local demo."""
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from gosched.common.job import Job, TaskGroup
 from gosched.common.node import RUNTIME_LABEL, Node, make_node
 from gosched.common.resources import ResourceRequest
+
+if TYPE_CHECKING:  # runtime.control imports much; the type is all this needs
+    from gosched.runtime.control import ControlPlane
 
 GiB = 2**30
 
@@ -33,6 +37,22 @@ def sim_nodes(count: int, *, gpu_every: int = 4, prefix: str = "sim", zones: int
         else:
             nodes.append(make_node(f"{prefix}-{i:05d}", 32_000, 128 * GiB, labels=labels))
     return nodes
+
+
+def drop_stale_simulated(control: "ControlPlane", given: Sequence[Node]) -> list[str]:
+    """Remove the simulated nodes an earlier start left in the store and this one does not give
+    again (a restart without --sim-nodes, or with fewer): nothing runs their tasks now, so tasks
+    bound there would stay bound for ever. Their tasks are queued again, as at a node's loss.
+    Returns the names removed."""
+    keep = {n.name for n in given}
+    stale = [
+        snap.node.name
+        for snap in control.nodes()
+        if snap.node.name not in keep and dict(snap.node.labels).get(RUNTIME_LABEL) == "simulated"
+    ]
+    for name in stale:
+        control.remove_node(name)
+    return stale
 
 
 def basic_jobs(

@@ -103,3 +103,46 @@ def test_static_nodes_given_again_at_a_restart_keep_an_operators_cordon_or_drain
         }
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(
+    ("again", "kept"),
+    [
+        (0, []),  # restarted without --sim-nodes: none of the earlier ones stays
+        (1, ["sim-00000"]),  # with fewer: those given again stay
+        (2, ["sim-00000", "sim-00001"]),
+    ],
+)
+def test_simulated_nodes_of_an_earlier_start_leave_with_it(
+    tmp_path: Path, again: int, kept: list[str]
+) -> None:
+    from gosched.api.server import control_factory
+    from gosched.runtime.simulation import sim_nodes
+
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1)
+    static = make_node("static").cpu("1").mem("1Gi").build()  # no agent, not simulated: stays
+    first = control_factory(settings, [*sim_nodes(2), static])()
+    try:
+        jobs = [make_job(f"j{i}").cpu("20").build() for i in range(2)]  # one per simulated node
+        first.submit_many(jobs)
+        while first.step():
+            pass
+        assert sorted(t for ts in first.residents(["sim-00000", "sim-00001"]).values() for t in ts) == [
+            "j0/0",
+            "j1/0",
+        ]
+    finally:
+        first.close()
+    second = control_factory(settings, sim_nodes(again))()
+    try:
+        assert sorted(n.node.name for n in second.nodes()) == sorted([*kept, "static"])
+        while second.step():
+            pass
+        # Tasks of the nodes removed are queued again (nothing would ever run them there): bound
+        # only on the nodes kept, else pending.
+        states = {s.job.id: s.task_states[0].value for s in second.jobs(["j0", "j1"], placements=False) if s}
+        on_kept = sorted(t for ts in second.residents(kept).values() for t in ts)
+        assert sorted(f"{j}/0" for j, st in states.items() if st == "bound") == on_kept
+        assert len(states) == 2 and (kept or set(states.values()) == {"pending"})
+    finally:
+        second.close()
