@@ -317,7 +317,13 @@ def status_view(s: Mapping[str, Any]) -> str:
                 f"{h.memory(s['memory_used'])}/{h.memory(s['memory'])}" + _on_ready(s, "memory", h.memory),
             ),
             ("GPU", f"{h.gpus(s['gpu_used_milli'])}/{h.gpus(s['gpu_milli'])}" + _on_ready(s, "gpu", h.gpus)),
-            ("Jobs", f"{s['active_jobs']} active, {s['pending_jobs']} pending"),
+            # active counts every job not yet ended, the pending ones too: say so, or "3 active,
+            # 3 pending" reads as six jobs.
+            (
+                "Jobs",
+                f"{s['active_jobs']} not ended: {s['pending_jobs']} pending, "
+                f"{max(0, s['active_jobs'] - s['pending_jobs'])} placed or being placed",
+            ),
             ("Shards", str(s["shards"])),
             ("Rounds", str(s["rounds"])),
             ("Bound tasks", str(s["bound_tasks"])),

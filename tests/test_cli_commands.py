@@ -422,6 +422,11 @@ def test_queues_and_status(server: ServerHandle, client: Client) -> None:
     assert re.search(r"^Nodes:\s+8 \(\d schedulable\)$", status.stdout, re.M)
     assert re.search(r"^CPU:\s+[\d.]+/384 cores$", status.stdout, re.M)
     assert re.search(r"^GPU:\s+[\d.]+/16$", status.stdout, re.M) and "Shards:       2" in status.stdout
+    # pending jobs are among those not ended, not beside them
+    shown = r"^Jobs:\s+(\d+) not ended: (\d+) pending, (\d+) placed or being placed$"
+    jobs = re.search(shown, status.stdout, re.M)
+    assert jobs is not None, status.stdout
+    assert int(jobs[1]) == int(jobs[2]) + int(jobs[3])
     as_json = json.loads(run(server, "status", "-o", "json").stdout)
     assert as_json["ready"] is True and as_json["nodes"] == 8 and as_json["gpu_milli"] == truth["gpu_milli"]
 
