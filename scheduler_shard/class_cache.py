@@ -66,6 +66,20 @@ class ClassEntry:
     best_key: npt.NDArray[np.bool_] | None = None
     best: int = -1
     best_score: float = NEG_INF
+    # The soft-rule part of the static score (ScorePlugin.soft_rule, weighted as in the total), per
+    # row; None when it is the same on every statically feasible row (nothing preferred: the usual
+    # case). soft_top is its highest value on such a row.
+    soft: F | None = None
+    soft_top: float = NEG_INF
+    # The statically feasible rows by soft score, highest first (ties: lowest row first), and minus
+    # their scores (ascending, for searchsorted); built on first use, dropped with `soft`.
+    soft_order: npt.NDArray[np.intp] | None = None
+    soft_neg: F | None = None
+    # Remembered: no row of soft_none_key (a read-only mask, or ALL_ROWS) with a soft score above
+    # soft_none_level is feasible, as of the last refresh (a refresh making such a row feasible
+    # forgets it). None: nothing remembered.
+    soft_none_key: npt.NDArray[np.bool_] | None = None
+    soft_none_level: float = NEG_INF
 
 
 class ClassCache:
@@ -141,15 +155,21 @@ class ClassCache:
             if f.relevant(tc, state):
                 ok &= f.filter(tc, state, all_rows)
         score = np.zeros(n, np.float64)
+        soft: F | None = None
         dyn_scores = []
         for plugin, weight in self.profile.scores:
             if not plugin.relevant(tc, state):
                 continue
             if plugin.dynamic:
                 dyn_scores.append((plugin, weight))
-            else:
-                score += weight * plugin.score(tc, state, all_rows)
+                continue
+            weighted = weight * plugin.score(tc, state, all_rows)
+            score += weighted
+            if plugin.soft_rule:
+                soft = weighted if soft is None else soft + weighted
         entry.static_ok, entry.static_score = ok, score
+        entry.soft, entry.soft_top = _soft_part(soft, ok)
+        entry.soft_order = entry.soft_neg = entry.soft_none_key = None
         entry.dyn_filters = [f for f in self.profile.dynamic_filters if f.relevant(tc, state)]
         entry.dyn_scores = dyn_scores
         entry.row_filters = [f.row_filter(tc) for f in entry.dyn_filters]
@@ -172,6 +192,10 @@ class ClassCache:
         entry.eff[rows] = np.where(ok, score, NEG_INF)
         if entry.best_key is not None and isinstance(rows, np.ndarray):
             _note_rows(entry, rows)
+        if entry.soft_none_key is not None:
+            assert entry.soft is not None
+            if (ok & (entry.soft[rows] > entry.soft_none_level)).any():
+                entry.soft_none_key = None  # a row above the remembered level fits now
 
     def _update_row(self, entry: ClassEntry, state: ClusterArrays, row: int) -> None:
         """_update for one row, accumulated in Python floats in the same order, with each plugin's
@@ -193,9 +217,76 @@ class ClassCache:
         entry.eff[row] = score
         if entry.best_key is not None:
             _note_row(entry, row, score)
+        if entry.soft_none_key is not None:
+            assert entry.soft is not None
+            if entry.soft.item(row) > entry.soft_none_level:
+                entry.soft_none_key = None  # a row above the remembered level fits now
+
+    def softer_row(self, entry: ClassEntry, eff: F, row: int, own: Mask, wider: Mask | None) -> int:
+        """A row of `wider` (None: every row) outside `own` to take instead of `row`, the best of
+        `own` for `eff` (entry.eff or a copy the unit filters ruled more rows out of), or -1 to keep
+        `row`: call it right after entry(), only when entry.soft is set and row's soft score is
+        below entry.soft_top.
+
+        Leave `own` when the fitting rows of `wider` reach a higher soft score than any fitting row
+        of `own` does; then take the best total score among the rows above that (all outside `own`).
+        Packing never moves a task out of `own`: a row elsewhere must keep the soft rules better.
+        Costs a gather over the rows scoring above `row`'s, and nothing while remembered that none
+        of them fits."""
+        soft = entry.soft
+        assert soft is not None
+        level = soft.item(row)
+        key = ALL_ROWS if wider is None else wider
+        if entry.soft_none_key is key and level >= entry.soft_none_level:
+            return -1
+        order, neg = self._soft_order(entry)
+        k = int(np.searchsorted(neg, -level, side="left"))  # the rows scoring above `level`
+        above = order[:k]  # highest first; rows ascending within a score
+        scores = eff[above]
+        fits = scores != NEG_INF
+        if wider is not None:
+            fits &= wider[above]
+        above = above[fits]
+        if not above.size:
+            if eff is entry.eff and (wider is None or not wider.flags.writeable):
+                entry.soft_none_key, entry.soft_none_level = key, level
+            return -1
+        scores = scores[fits]
+        mine = own[above]
+        if mine.any():  # leave only for rows above the best the own rows reach
+            minus = neg[:k][fits]  # minus their soft scores, ascending
+            keep = minus < minus[int(mine.argmax())]
+            above, scores = above[keep], scores[keep]
+            if not above.size:
+                return -1
+        # The best total score, ties to the lowest row (`above` is ascending within a soft score).
+        return int(above[scores == scores.max()].min())
+
+    def _soft_order(self, entry: ClassEntry) -> tuple[npt.NDArray[np.intp], F]:
+        if entry.soft_order is None or entry.soft_neg is None:
+            assert entry.soft is not None
+            rows = np.flatnonzero(entry.static_ok)
+            neg = -entry.soft[rows]
+            by = np.argsort(neg, kind="stable")
+            entry.soft_order, entry.soft_neg = rows[by], neg[by]
+        return entry.soft_order, entry.soft_neg
 
     def oldest_position(self) -> int | None:
         return min((e.position for e in self.entries.values()), default=None)
+
+
+def _soft_part(soft: F | None, ok: npt.NDArray[np.bool_]) -> tuple[F | None, float]:
+    """The class's soft-rule scores and their top over the statically feasible rows, or (None,
+    -inf) when they do not differ there: then no row can keep the soft rules better than another."""
+    if soft is None:
+        return None, NEG_INF
+    feasible = soft[ok]
+    if not feasible.size:
+        return None, NEG_INF
+    top = float(feasible.max())
+    if top == float(feasible.min()):
+        return None, NEG_INF
+    return soft, top
 
 
 def _note_row(entry: ClassEntry, row: int, score: float) -> None:

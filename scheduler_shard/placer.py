@@ -3,11 +3,16 @@
 Order: each node set from the Locating plugins (own partition, then all), each topology domain
 from the Grouping plugins; then, if nothing fits, the same with preemption. A failed attempt is
 rolled back so it leaves no trace in the view.
+
+Soft rules (score plugins marked `soft_rule`: preferences about nodes, not packing) may take a task
+past its location to the next, wider one: when the best node of the own partition scores lower on
+them than a node elsewhere that fits (ClassCache.softer_row). Each task of a unit decides alone.
 """
 
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
+from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +30,14 @@ from gosched.scheduler_shard.preemption import find_candidate
 from gosched.scheduler_shard.unit_context import UnitContext
 
 IN_FLIGHT_VICTIMS_NOTE = "lower-priority tasks in the way are still being bound: preempting them next"
+
+
+class _Last:
+    """The marker for "no wider location": the task's location is the last one."""
+
+
+LAST = _Last()
+Wider: TypeAlias = Mask | _Last | None  # the next location after a task's own (LAST: none)
 
 
 class Placer:
@@ -68,13 +81,19 @@ class Placer:
         self._own = locations[0] if len(locations) > 1 else None
         for preempt in passes:
             victims_of = assumed if preempt else None
-            for location in locations[-1:] if preempt else locations:
+            tried = locations[-1:] if preempt else locations
+            for at, location in enumerate(tried):
+                # The next, wider location, where a task may go for a node that keeps its soft
+                # rules better (none past the last location, and none when preempting).
+                wider: Wider = tried[at + 1] if at + 1 < len(tried) else LAST
                 # An elastic unit may reach its minimum in several domains: it takes the one
                 # where most of its tasks fit (the first of those), not the first where the
                 # minimum does, as the rest of the job may later go only where it is.
                 best: tuple[int, Mask | None] | None = None
                 for domain in domains:
-                    unplaced = self._try(ctx, state, _both(location, domain), victims_of)
+                    unplaced = self._try(
+                        ctx, state, _both(location, domain), victims_of, _within(wider, domain)
+                    )
                     placed = len(ctx.placements)
                     if placed >= unit.min_needed:
                         if not unplaced or len(domains) == 1:
@@ -83,7 +102,9 @@ class Placer:
                             best = (placed, domain)
                     ctx.rollback(state)
                 if best is not None:
-                    unplaced = self._try(ctx, state, _both(location, best[1]), victims_of)
+                    unplaced = self._try(
+                        ctx, state, _both(location, best[1]), victims_of, _within(wider, best[1])
+                    )
                     return ctx, self._leftover(ctx, state, unplaced, preempt, len(passes) > 1)
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
@@ -93,9 +114,11 @@ class Placer:
         state: ClusterArrays,
         allowed: Mask | None,
         assumed: Callable[[], AbstractSet[str]] | None,
+        wider: Wider = LAST,
     ) -> list[int]:
         """One attempt at the unit's tasks on `allowed` rows; with `assumed` (the preemption pass)
-        a task that fits nowhere may evict, never one of those tasks."""
+        a task that fits nowhere may evict, never one of those tasks. A task whose best allowed
+        row breaks a soft rule that a fitting row of `wider` (LAST: none) keeps goes there."""
         unit = ctx.unit
         job = unit.job
         indexes = _largest_first(unit)
@@ -115,6 +138,10 @@ class Placer:
             # most likely taken (by the task that evicted it): this attempt does not count on it,
             # or every shard that has not heard yet proposes the task back into its old slot.
             allowed = _excluding(allowed, stale_rows, state.n)
+            if not isinstance(wider, _Last):
+                wider = _excluding(wider, stale_rows, state.n)
+        # Soft rules can take a task past `allowed` only to a wider set of rows.
+        spill = allowed is not None and not isinstance(wider, _Last)
         # Choosing among the allowed rows (ascending, so ties still go to the lowest row) costs
         # one gather per task instead of masking the whole cluster's scores.
         allowed_rows = None if allowed is None else self._rows_of(allowed)
@@ -135,6 +162,19 @@ class Placer:
                 row = self.cache.remembered_best_row(entry, allowed, allowed_rows)
             else:
                 row = best_row(eff, allowed_rows)
+            soft = entry.soft
+            if (
+                spill
+                and soft is not None
+                and row >= 0
+                and soft.item(row) < entry.soft_top
+                and eff[row] != NEG_INF
+            ):
+                # The best allowed row breaks a soft rule (nothing preferred: soft is None).
+                assert allowed is not None and not isinstance(wider, _Last)
+                softer = self.cache.softer_row(entry, eff, row, allowed, wider)
+                if softer >= 0:
+                    row = softer
             victims: tuple[str, ...] = ()
             if row < 0 or eff[row] == NEG_INF:
                 if self._diagnosis is None:
@@ -227,6 +267,11 @@ def _largest_first(unit: Unit) -> tuple[int, ...]:
         return (-r.gpu_total_milli, -r.cpu_milli, -r.memory)
 
     return tuple(sorted(unit.task_indexes, key=size))
+
+
+def _within(wider: Wider, domain: Mask | None) -> Wider:
+    """The wider location inside the topology domain (a gang never leaves its domain)."""
+    return wider if isinstance(wider, _Last) else _both(wider, domain)
 
 
 def _excluding(allowed: Mask | None, rows: list[int], n: int) -> Mask:

@@ -57,6 +57,11 @@ class FilterPlugin:
 class ScorePlugin:
     name = ""
     dynamic = False
+    # A soft rule: a preference about nodes (one the task states, or one kept for it, such as staying
+    # off GPU nodes), not a packing, spreading or balance score. A shard leaves its own partition when
+    # its pick there scores lower on its soft rules (weighted, summed) than a node elsewhere that fits
+    # (placer.py). Read only for static plugins: a dynamic one is never treated as a soft rule.
+    soft_rule = False
 
     def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
         return True

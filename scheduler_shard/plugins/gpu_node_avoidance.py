@@ -16,6 +16,10 @@ class cache's static part, with nothing to refresh per placement). On the openb 
 nodes only, the default score chain) scaling by the free GPUs instead raised the GPU allocation no
 more than scaling by the count did.
 
+A soft rule (`soft_rule`): a shard whose own node partition fits the task only on GPU nodes takes
+a node elsewhere that scores higher here, when one fits (ClassCache.softer_row), rather than eat a
+GPU node's CPU and memory.
+
 For a GPU task the score is a constant (the plugin is not relevant to it), as it is when every live
 node scores alike (no GPU node, or only GPU nodes of one size): nothing to prefer.
 
@@ -49,6 +53,7 @@ def node_scores(state: ClusterArrays) -> np.ndarray:
 @register
 class GpuNodeAvoidance(ScorePlugin):
     name = "gpu_node_avoidance"
+    soft_rule = True
 
     def __init__(self) -> None:
         # The rows' scores for the view and metadata generation of `_key`, and whether they differ

@@ -1,6 +1,9 @@
 """partition_first: try the shard's own node partition, then the whole cluster.
 
 Different shards then mostly pick different nodes, which keeps the binder's conflict rate low.
+A task still goes past its partition, to the whole cluster, when its best node there breaks a soft
+rule (a preference such as preferred node affinity) that a node elsewhere keeps better: see
+placer.py and ClassCache.softer_row. Packing and spreading scores never take it past.
 The mask is built once per partition (the shard hands over a new rows array when its partition
 changes) rather than once per unit: at 10,000 nodes that build cost 5-8 us a unit.
 """

@@ -45,6 +45,7 @@ class PreferredAffinity(ScorePlugin):
     """Sum of the weights of matched preferred terms, over the sum of all weights, times 100."""
 
     name = "preferred_affinity"
+    soft_rule = True
 
     def relevant(self, tc: TaskClass, state: ClusterArrays) -> bool:
         return bool(tc.group.preferred_affinity)

@@ -48,6 +48,7 @@ class TaintPreferNoSchedule(ScorePlugin):
     """100 minus 100 per untolerated PreferNoSchedule taint (floored at 0)."""
 
     name = "taint_prefer_no_schedule"
+    soft_rule = True
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
         counts = np.zeros(state.n, np.float64)
