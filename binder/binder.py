@@ -387,7 +387,7 @@ class Binder:
             indexes: list[int] = []
             for pl in p.placements:  # unit.rows holds their rows, in the same order
                 idx = pl.task_index
-                r = make_resident(job, idx, pl.gpus, now)
+                r = make_resident(job, idx, pl.gpus, now, p.standing)
                 residents.append(r)
                 changes.append(TaskBound(pl.node, r))
                 binds.append((r.task_id, pl.node, pl.gpus))
@@ -441,7 +441,7 @@ class Binder:
         # Phase 3: bind.
         for c in alive:
             pl = c.placement
-            r = make_resident(job, pl.task_index, pl.gpus, now)
+            r = make_resident(job, pl.task_index, pl.gpus, now, proposal.standing)
             self.truth.place(c.row, r)
             scope.placed.add(r.task_id)
             out.changes.append(TaskBound(pl.node, r))

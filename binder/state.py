@@ -11,9 +11,12 @@ from gosched.common.messages import Change, NodeUpserted, TaskBound
 from gosched.common.node import Node
 
 
-def make_resident(job: Job, idx: int, gpus: tuple[tuple[int, int], ...], start_time: float) -> Resident:
-    """The Resident a bound task of `job` becomes (what preemption and anti-affinity need)."""
-    return Resident.for_task(job, idx, gpus, start_time)
+def make_resident(
+    job: Job, idx: int, gpus: tuple[tuple[int, int], ...], start_time: float, standing: int | None = None
+) -> Resident:
+    """The Resident a bound task of `job` becomes (what preemption and anti-affinity need);
+    `standing`: Proposal.standing."""
+    return Resident.for_task(job, idx, gpus, start_time, standing)
 
 
 def _add_use(use: list[int], r: Resident, sign: int) -> None:

@@ -46,6 +46,13 @@ class QueueConfig(BaseModel):
     max_share: float = Field(default=1.0, gt=0.0, le=1.0)
     # Effective priority rises by this much per second of waiting (priority policy).
     aging_per_s: float = Field(default=1.0, ge=0.0)
+    # Waiting counts toward aging for this long at most (Slurm's PriorityMaxAge, 7 days by
+    # default): a job that has waited longer ages no more, so no wait outranks every priority.
+    aging_max_s: float = Field(default=7 * 86_400.0, ge=0.0)
+    # fifo, priority, deadline: a job that has waited this long and fits nowhere only because nodes
+    # are busy reserves the queue: the jobs behind it wait until it starts, so the room the queue
+    # frees gathers for it (dispatcher/reservation.py). None: never (small jobs may starve a big one).
+    reserve_after_s: float | None = Field(default=300.0, ge=0.0)
     # Tenant weights for drf / fair; tenants not listed weigh 1.
     tenant_weights: dict[str, float] = Field(default_factory=dict)
 
@@ -76,6 +83,9 @@ class AdmissionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_pending_jobs: int = Field(default=1_000_000, ge=1)
+    # Jobs of one tenant submitted and not yet ended, pending or running (Slurm's
+    # MaxSubmitJobsPerUser): one tenant cannot fill the global pending limit alone. None: no limit.
+    max_jobs_per_tenant: int | None = Field(default=None, ge=1)
     tenant_rate_per_s: float = Field(default=100_000.0, gt=0)  # token bucket refill
     tenant_burst: int = Field(default=1_000_000, ge=1)
 

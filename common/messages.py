@@ -57,6 +57,10 @@ class Unit:
     held: int = 0
     # The other guaranteed queues' floors: no eviction of this unit may take them below.
     floors: tuple[QueueFloor, ...] = ()
+    # The priority its tasks keep against preemption once bound, when above the job's own: its
+    # effective priority when dispatched from a priority queue with aging. Preemption compares the
+    # preemptor's own priority with it, so aging protects a job that waited without arming it.
+    standing: int | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +105,7 @@ class Proposal:
     held: int = 0  # as in Unit: the binder asks for more if some of them are gone since
     # The unit's floors (Unit.floors), sent with a plan that evicts: the binder checks them too.
     floors: tuple[QueueFloor, ...] = ()
+    standing: int | None = None  # as in Unit: what the bound tasks' residents carry as priority
 
 
 @fast_pickle

@@ -21,10 +21,10 @@ Job spec (every key optional unless marked)::
                                #   and not after 9999-12-31T23:59:59Z
     labels: {team: vision}     # Kubernetes label syntax
     disruption_budget: 2       # int >= 0, or null: no limit
-    submit_time: 1735680000.0  # default: `now` (or the current time). Not after now + 60 s when now is
-                               #   given: the priority queue orders by aging*submit_time - priority, so
-                               #   a future time would jump the queue past any priority. Past times are
-                               #   fine (restores and replays keep the original time).
+    submit_time: 1735680000.0  # default: `now` (or the current time). Within 60 s of now when now is
+                               #   given (clock skew). The dispatcher stamps its own clock when it
+                               #   accepts the job: aging reads it, and a backdated time would jump
+                               #   the queue past any priority.
     submission_id: cli-7f3a    # <= 128 chars; a retry under it returns the job first submitted
                                #   with it, if it names the same id (or none) and repeats the spec
     groups:                    # required unless the flat form is used; roles unique
@@ -773,13 +773,20 @@ def _iso(t: float) -> str:
 
 
 def _submit_time(value: object, path: str, now: float | None) -> float:
-    """A client's submit_time: never after now (+ skew), or the job would sort ahead of every priority;
-    past times stay valid, as restores and replays give them."""
+    """A client's submit_time: within the clock skew of now. The dispatcher stamps its own clock in
+    any case; a time far off says the client expects it to count (a replay, a backdated job), and
+    it would not."""
     t = _number(value, path)
     if t < 0:
         _fail(path, f"must be >= 0, got {value!r}")
     if now is not None and t > now + MAX_CLOCK_SKEW_S:
         _fail(path, f"{_short(value)} is in the future (now is {_iso(now)}); omit it to use the current time")
+    if now is not None and t < now - MAX_CLOCK_SKEW_S:
+        _fail(
+            path,
+            f"{_short(value)} is in the past (now is {_iso(now)}): the server stamps the time it "
+            "accepts a job, which may not be backdated; omit it",
+        )
     return t
 
 

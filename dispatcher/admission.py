@@ -1,4 +1,5 @@
-"""Admission control: a global cap on pending jobs and a token bucket per tenant.
+"""Admission control: a global cap on pending jobs, a cap on each tenant's jobs not yet ended
+(pending or running), and a token bucket per tenant.
 
 `admit` either takes what a submission needs (all of it) or raises AdmissionRejected naming the
 limit, the numbers and, for the bucket, when to retry; nothing is taken on a rejection. A caller
@@ -8,7 +9,7 @@ that may still refuse the jobs after admission (the dispatcher, when the store r
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gosched.common.config import AdmissionConfig
 from gosched.common.errors import AdmissionRejected
@@ -60,14 +61,19 @@ class AdmissionController:
             )
         return b
 
-    def admit(self, tenants: Iterable[str], pending_now: int) -> None:
+    def admit(
+        self, tenants: Iterable[str], pending_now: int, tenant_jobs: Mapping[str, int] | None = None
+    ) -> None:
         """Admit one job per item of `tenants` (a tenant may repeat), all or none.
 
-        `pending_now` is the number of jobs already admitted and not yet placed.
+        `pending_now` is the number of jobs already admitted and not yet placed; `tenant_jobs`,
+        per tenant, its jobs not yet ended (read by max_jobs_per_tenant; none if not given).
         """
-        self.take(self.check(tenants, pending_now))
+        self.take(self.check(tenants, pending_now, tenant_jobs))
 
-    def check(self, tenants: Iterable[str], pending_now: int) -> Counter[str]:
+    def check(
+        self, tenants: Iterable[str], pending_now: int, tenant_jobs: Mapping[str, int] | None = None
+    ) -> Counter[str]:
         """As `admit`, but take nothing: raise AdmissionRejected, or return the tokens per tenant
         for `take`, which must come before any other check or admit (they are there until then)."""
         need = Counter(tenants)
@@ -80,6 +86,15 @@ class AdmissionController:
                 f"max pending jobs: {pending_now:,} pending + {total:,} submitted "
                 f"exceeds the limit of {limit:,}"
             )
+        per_tenant = self.config.max_jobs_per_tenant
+        if per_tenant is not None:
+            for tenant, n in need.items():
+                have = 0 if tenant_jobs is None else tenant_jobs.get(tenant, 0)
+                if have + n > per_tenant:
+                    raise AdmissionRejected(
+                        f"tenant {tenant!r} job limit: {have:,} job(s) not yet ended + {n:,} "
+                        f"submitted exceeds max_jobs_per_tenant {per_tenant:,}; retry as its jobs end"
+                    )
         now = self.clock()
         for tenant, n in need.items():
             b = self.bucket(tenant)

@@ -3,13 +3,20 @@
 Shares are dominant shares of the cluster (held + in-flight usage). Picking the next queue:
 
 1. queues below their guarantee, smallest share/guarantee first;
-2. then queues that may borrow (share below max_share), smallest share first.
+2. then queues that may borrow (share below max_share), smallest share/entitlement first, so
+   spare room is split in proportion to guarantees (as YARN's capacity scheduler orders queues by
+   used over configured capacity). A queue's entitlement is its guarantee; a queue without one is
+   entitled to an equal part of what the guarantees leave unpromised (a sliver if nothing is), so
+   queues without guarantees still take turns by share among themselves.
 
 A unit may not take its queue above max_share (max_share 1.0 is not enforced here: the whole
 cluster is the binder's limit, and a full cluster must still let priority preemption happen).
 A unit of a queue below its guarantee may reclaim from the queues above theirs (borrowing), if
 its queue's share with the unit stays within the guarantee: reclaim gives a guarantee back, it
 does not take a queue past it (else two queues reclaiming from each other would never settle).
+For reclaim the queue's share is what it holds plus its reclaiming units in flight, not its other
+units in flight: a gang past the guarantee tried on free room claims nothing, and must not stop
+the units behind it from reclaiming (the dispatcher's `_claims`).
 
 Guarantees protect against other queues' preemption too: every unit carries, in `Unit.floors`,
 the floor of each queue with a guarantee (`QueueFloor`): usage a shard's cross-queue
@@ -28,10 +35,12 @@ from gosched.common.messages import QueueFloor
 
 EPS = 1e-9
 NOT_ELIGIBLE = float("inf")
+# The entitlement of a queue without a guarantee when the guarantees promise the whole cluster.
+MIN_ENTITLEMENT = 1e-3
 
 
 class CapacityPlanner:
-    __slots__ = ("capped", "guarantees", "max_shares", "names", "shares_matter")
+    __slots__ = ("capped", "entitled", "guarantees", "max_shares", "names", "shares_matter")
 
     def __init__(self, queues: Sequence[QueueConfig]) -> None:
         self.names = [q.name for q in queues]
@@ -42,17 +51,23 @@ class CapacityPlanner:
         # Whether a queue's share can change the dispatcher's answers: a lone queue with neither a
         # cap nor a guarantee keeps the same rank and never reclaims, whatever its share.
         self.shares_matter = len(queues) > 1 or any(self.capped) or any(g > 0 for g in self.guarantees)
+        unpromised = max(0.0, 1.0 - sum(self.guarantees))
+        n_without = sum(1 for g in self.guarantees if g <= 0)
+        equal_part = max(unpromised / n_without, MIN_ENTITLEMENT) if n_without else MIN_ENTITLEMENT
+        # What each queue's borrowing is measured against (module docstring).
+        self.entitled = [g if g > 0 else equal_part for g in self.guarantees]
 
     def rank(self, i: int, share: float) -> float:
         """Order key of queue i at `share` (smaller first); NOT_ELIGIBLE when it may not take more.
 
-        Keys below -1 are queues under their guarantee (share/guarantee - 2), the rest borrow.
+        Keys below -1 are queues under their guarantee (share/guarantee - 2), the rest borrow
+        (share/entitlement, at least 0).
         """
         g = self.guarantees[i]
         if share < g - EPS:
             return share / g - 2.0
         if self.max_shares[i] >= 1.0 or share < self.max_shares[i] - EPS:
-            return share
+            return share / self.entitled[i]
         return NOT_ELIGIBLE
 
     def below_guarantee(self, i: int, share: float) -> bool:

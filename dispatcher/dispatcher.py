@@ -67,6 +67,7 @@ from gosched.dispatcher.records import (
     job_state_of,
     with_failure,
 )
+from gosched.dispatcher.reservation import Reservations, ahead
 from gosched.dispatcher.room import evictions_made_room
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
@@ -119,7 +120,9 @@ class Dispatcher:
         self.partitions = Partitioner(settings.shards)
         self.capacity = CapacityPlanner(settings.queues)
         self._queue_index = {q.name: i for i, q in enumerate(settings.queues)}
-        self._queues: list[PolicyQueue[JobRecord]] = [make_queue(q, self.usage) for q in settings.queues]
+        self._queues: list[PolicyQueue[JobRecord]] = [
+            make_queue(q, self.usage, self.clock) for q in settings.queues
+        ]
         # Queues whose order is by current usage (DRF across tenants, weighted fair share): past the
         # free room, their next unit waits for those in flight (see next_batches).
         self._fenced = [q.policy in FENCED_POLICIES for q in settings.queues]
@@ -127,6 +130,7 @@ class Dispatcher:
         # shard, a unit that would need room claimed by units in flight waits for their answers
         # (a later unit on a shard that commits first would otherwise take an earlier one's room).
         self._ordered = [not fenced for fenced in self._fenced]
+        self._reservations = Reservations(settings.queues, self._ordered)
         self._jobs: dict[str, JobRecord] = {}
         self._finished: dict[str, FinishedJob] = {}  # oldest first
         # Restored jobs of queues no longer configured: shown and cancellable, never scheduled
@@ -154,6 +158,12 @@ class Dispatcher:
         self._floors_for: tuple[tuple[int, int, int], list[tuple[QueueFloor, ...]]] = ((-1, -1, -1), [])
         # Per queue: the job at its head that max_share holds back (for explain of those behind).
         self._held_back: list[str] = [""] * len(settings.queues)
+        # Per queue: the summed cost (cpu, memory, gpu) of its units in flight that reclaim. Whether
+        # a queue is below its guarantee, for reclaim, is judged on what it holds plus these: a
+        # unit in flight on free room (a gang past the guarantee that may fail) claims nothing, and
+        # counting it would stop the units behind it from reclaiming, failure after failure.
+        self._claims: list[list[int]] = [[0, 0, 0] for _ in settings.queues]
+        self._tenant_jobs: dict[str, int] = {}  # jobs not yet ended per tenant (admission's limit)
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -181,14 +191,17 @@ class Dispatcher:
             if first is not None:  # a repeat of a submission: its first job answers
                 ids.append(first.id)
                 continue
-            if not job.submit_time:
+            if job.submit_time != now:
+                # The dispatcher's clock, whatever a client gave: aging reads it, and a backdated
+                # time would jump the queue past any priority.
                 job = replace(job, submit_time=now)
             new.append(self._group_interner.intern(job))
             ids.append(job.id)
         if not new:
             return ids
         # Tokens are taken only once the jobs are stored: a submission the store refuses takes none.
-        tokens = self.admission.check((j.tenant for j in new), self._waiting + self._inflight)
+        tenants = (j.tenant for j in new)
+        tokens = self.admission.check(tenants, self._waiting + self._inflight, self._tenant_jobs)
         if self.store is not None:
             try:
                 self.store.add_jobs(new)
@@ -262,6 +275,7 @@ class Dispatcher:
         self._seq += 1
         rec = JobRecord(job, self._seq, self._queue_index[job.queue], states)
         self._jobs[job.id] = rec
+        self._tenant_jobs[rec.tenant] = self._tenant_jobs.get(rec.tenant, 0) + 1
         if job.submission_id:
             self._submissions[job.submission_id] = job.id
         if rec.n_pending and not rec.cancelled:
@@ -308,6 +322,10 @@ class Dispatcher:
         shares = [usage.queue_share(n) for n in names]
         floors = self._floors()
         blocked = [False] * nq
+        # Per queue: its effective priority at `now`, for a queue with aging (Unit.standing).
+        standing_of = [getattr(q, "effective_priority", None) for q in queues]
+        # Per queue: the job whose reservation holds it (dispatcher/reservation.py), if any.
+        reserved = self._reservations.holding(self._jobs)
         enforce_max = usage.has_capacity
         capped, shares_matter = cap.capped, cap.shares_matter
         fenced = self._fenced if usage.has_capacity and any(self._fenced) else None
@@ -327,7 +345,8 @@ class Dispatcher:
         inflight: dict[tuple[str, str], list[int]] | None = {} if lone else None
         # Per queue: below its guarantee at its share (read by the fences and reclaim); kept in step
         # with `shares`, so it is not asked again for every unit.
-        below = [cap.below_guarantee(i, s) for i, s in enumerate(shares)]
+        guaranteed = [g > 0 for g in cap.guarantees]
+        below = [guaranteed[i] and cap.below_guarantee(i, self._claim_share(i)) for i in range(nq)]
         dispatch = self._dispatch
         # The shard just given a unit, with its load counted, while its batch has room: it goes back
         # on the heap as the next shard is taken (heappushpop: with one shard far less loaded than
@@ -361,6 +380,10 @@ class Dispatcher:
                 rec.where = IDLE
                 self._waiting -= 1
                 self._maybe_finish(rec)
+                continue
+            holder = reserved[best]
+            if holder is not None and not ahead(pq, rec, holder, now):
+                blocked[best] = True  # the queue's room gathers for the job holding its reservation
                 continue
             uniform, states = rec.uniform, rec.states
             if uniform is not None and len(states) == 1 and states[0] is PENDING:
@@ -409,16 +432,20 @@ class Dispatcher:
                 continue
             pq.pop()
             reclaim = NO_RECLAIM
+            claim = False
             if below[best]:
-                if not cap.may_reclaim(best, shares[best], usage.queue_share_after(rec.queue, cpu, mem, gpu)):
+                claimed = self._claims[best]
+                held_share = self._claim_share(best)
+                if not cap.may_reclaim(best, held_share, self._claim_share(best, cpu, mem, gpu)):
                     # Too big to reclaim for whole: the part within the guarantee reclaims, the
                     # rest follows in a later unit (borrowing, on free room and priority).
-                    part = self._prefix_within(rec, idx, cap.guarantees[best])
+                    part = self._prefix_within(rec, idx, cap.guarantees[best], claimed)
                     if part is not None:
                         idx = part
                         cpu, mem, gpu = rec.cost_of(idx)
-                if cap.may_reclaim(best, shares[best], usage.queue_share_after(rec.queue, cpu, mem, gpu)):
+                if cap.may_reclaim(best, held_share, self._claim_share(best, cpu, mem, gpu)):
                     reclaim = cap.borrowing(shares)
+                    claim = True
 
             # -- which shard: least loaded; a retry avoids its last shard when loads tie
             if back is None:
@@ -428,7 +455,20 @@ class Dispatcher:
                 back = None
             if s == rec.last_shard and heap and heap[0][0] == load:
                 load, s = heapq.heapreplace(heap, (load, s))
-            unit = dispatch(rec, idx, cpu, mem, gpu, s, reclaim, floors[best], now, inflight)
+            effective = standing_of[best]
+            standing = None
+            if effective is not None:
+                aged = int(effective(rec, now))
+                if aged > rec.job.priority:
+                    standing = aged
+            unit = dispatch(rec, idx, cpu, mem, gpu, s, reclaim, floors[best], now, inflight, standing)
+            if rec is self._reservations.held[best]:
+                reserved[best] = rec  # in flight now: the jobs behind it wait for its answer
+            if claim:
+                rec.claim = (cpu, mem, gpu)
+                claimed[0] += cpu
+                claimed[1] += mem
+                claimed[2] += gpu
             free_cpu -= cpu
             free_mem -= mem
             free_gpu -= gpu
@@ -437,8 +477,9 @@ class Dispatcher:
             if len(batch) < per_shard_cap:
                 back = (load + 1, s)
             if shares_matter:
-                shares[best] = share = usage.queue_share(rec.queue)
-                below[best] = cap.below_guarantee(best, share)
+                shares[best] = usage.queue_share(rec.queue)
+                if guaranteed[best]:
+                    below[best] = cap.below_guarantee(best, self._claim_share(best))
             n += 1
         if inflight:
             for (queue, tenant), (cpu, mem, gpu) in inflight.items():
@@ -461,15 +502,28 @@ class Dispatcher:
         held, mm = rec.n_held, rec.job.min_member
         return mm - held if held < mm else 1
 
-    def _prefix_within(self, rec: JobRecord, idx: tuple[int, ...], limit: float) -> tuple[int, ...] | None:
+    def _claim_share(self, qi: int, cpu: int = 0, mem: int = 0, gpu: int = 0) -> float:
+        """Queue qi's share for reclaim: what it holds and its reclaiming units in flight claim
+        (see _claims), with `cpu, mem, gpu` more."""
+        c = self._claims[qi]
+        return self.usage.queue_held_share_after(self.capacity.names[qi], c[0] + cpu, c[1] + mem, c[2] + gpu)
+
+    def _prefix_within(
+        self, rec: JobRecord, idx: tuple[int, ...], limit: float, claimed: list[int] | None = None
+    ) -> tuple[int, ...] | None:
         """The longest prefix of `idx` that keeps the queue's share within `limit` (its max_share,
-        or its guarantee), if it holds at least a unit's minimum; None otherwise."""
+        or its guarantee), if it holds at least a unit's minimum; None otherwise. With `claimed`
+        (the queue's reclaiming cost in flight), the share is that of reclaim (see _claims)."""
         usage = self.usage
         cpu = mem = gpu = 0
         n = 0
         for i in idx:
             c, m, g = rec.cost(i)
-            if usage.queue_share_after(rec.queue, cpu + c, mem + m, gpu + g) > limit + EPS:
+            if claimed is None:
+                after = usage.queue_share_after(rec.queue, cpu + c, mem + m, gpu + g)
+            else:
+                after = self._claim_share(rec.qi, cpu + c, mem + m, gpu + g)
+            if after > limit + EPS:
                 break
             cpu, mem, gpu = cpu + c, mem + m, gpu + g
             n += 1
@@ -501,6 +555,7 @@ class Dispatcher:
         floors: tuple[QueueFloor, ...],
         now: float,
         inflight: dict[tuple[str, str], list[int]] | None,
+        standing: int | None = None,
     ) -> Unit:
         """Send the unit `idx` of `rec` (costing cpu, mem, gpu) to `shard`: its tasks scheduled, its
         cost in flight (added to `inflight` per queue and tenant, when given, for the caller to add
@@ -543,7 +598,7 @@ class Dispatcher:
             need = 1
         if need > count:
             need = count
-        return Unit(rec.job, idx, need, attempt, reclaim, now, held, floors)
+        return Unit(rec.job, idx, need, attempt, reclaim, now, held, floors, standing)
 
     # -- answers ---------------------------------------------------------------------------------------
     def on_reply(self, reply: BindReply) -> list[str]:
@@ -609,14 +664,22 @@ class Dispatcher:
             rec.note = f"attempt {rec.attempt} rejected by the binder ({rej.stage}): {rej.reason}"
             self._apply(rec, [(i, PENDING) for i in rec.indexes_in(SCHEDULED)], updates)
             self._resolve(rec, now, backoff=False)
+        # Per job: its tasks this reply evicted, by preemptor (explain names them all).
+        disrupted: dict[str, tuple[JobRecord, dict[str, list[int]]]] = {}
         for ev in reply.evicted:
             rec = jobs.get(ev.job_id)
             if rec is None or rec.states[ev.task_index] not in HOLDS_RESOURCES:
                 continue
             then = CANCELLED if rec.cancelled else PENDING
             self._apply(rec, [(ev.task_index, PREEMPTED), (ev.task_index, then)], updates)
-            rec.disruption = f"task {ev.task_index} preempted by {ev.preemptor or 'a gang break'}"
+            by = disrupted.setdefault(rec.job_id, (rec, {}))[1]
+            by.setdefault(ev.preemptor or "a gang break", []).append(ev.task_index)
             self._requeue_if_idle(rec)
+        for rec, by in disrupted.values():
+            rec.disruption = "; ".join(
+                f"{'tasks' if len(ix) > 1 else 'task'} {', '.join(map(str, sorted(ix)))} preempted by {who}"
+                for who, ix in by.items()
+            )
         if reply.evicted and evictions_made_room(reply, jobs):
             self.notify_cluster_changed()
         if self.store is not None and updates:
@@ -686,6 +749,7 @@ class Dispatcher:
                 rec.unsched = True
                 if not rec.n_scheduled:
                     self._resolve(rec, now, backoff=True)
+                    self._reservations.on_unschedulable(rec, item.diagnosis, now)
             if rec.where is PARKED and (item.settling or self._refused_near(rec.last_shard)):
                 # Parked just now (or by the reply, for a gang placed in part); the verdict may
                 # change once the shard's placements are answered: retry when the backoff ends.
@@ -920,6 +984,13 @@ class Dispatcher:
         self._inflight -= 1
         rec.where = IDLE
         rec.shard = -1
+        claim = rec.claim
+        if claim is not None:
+            rec.claim = None
+            claimed = self._claims[rec.qi]
+            claimed[0] -= claim[0]
+            claimed[1] -= claim[1]
+            claimed[2] -= claim[2]
 
     def _resolve(self, rec: JobRecord, now: float, *, backoff: bool) -> None:
         """The unit in flight has been answered in full: clear it and queue the job again if needed."""
@@ -942,6 +1013,11 @@ class Dispatcher:
         if rec.where is not IDLE or rec.n_pending or rec.n_scheduled or rec.n_held:
             return
         del self._jobs[rec.job_id]
+        left = self._tenant_jobs[rec.tenant] - 1
+        if left:
+            self._tenant_jobs[rec.tenant] = left
+        else:
+            del self._tenant_jobs[rec.tenant]
         state = job_state_of(rec.states, rec.job.min_member, rec.cancelled)
         history = "\n".join(filter(None, (rec.disruption, rec.failure, rec.note)))
         self._retain(FinishedJob(rec.job, state, tuple(rec.states), history))
@@ -1064,6 +1140,7 @@ class Dispatcher:
             rec.cancelled = CANCELLED in states
             rec.failure = failures.get(job.id, "")
             self._jobs[job.id] = rec
+            self._tenant_jobs[rec.tenant] = self._tenant_jobs.get(rec.tenant, 0) + 1
             if job.submission_id:
                 self._submissions[job.submission_id] = job.id
             if rec.n_held:
@@ -1203,6 +1280,9 @@ class Dispatcher:
             capacity = self._capacity_note(rec)
             if capacity:
                 lines.append(capacity)
+            reservation = self._reservations.note(rec, self.clock())
+            if reservation:
+                lines.append(reservation)
         deadline = rec.job.deadline
         if deadline is not None and deadline < self.clock():
             # Deadlines order a deadline queue (EDF); a job is not stopped at its deadline.

@@ -35,6 +35,7 @@ class JobRecord:
     __slots__ = (
         "attempt",
         "cancelled",
+        "claim",
         "costs",
         "diagnosis",
         "dispatches",
@@ -92,6 +93,7 @@ class JobRecord:
         self.attempt = -1  # attempt number of the unit in flight (or last dispatched)
         self.failures = 0  # consecutive unschedulable results (drives the backoff)
         self.unsched = False  # the unit in flight had tasks the shard could not place
+        self.claim: Cost | None = None  # the unit in flight's cost, if it reclaims a guarantee
         self.shard = -1  # shard holding the unit in flight
         self.last_shard = -1
         self.ready_at = 0.0  # end of the backoff (parked) or of the dormant wait

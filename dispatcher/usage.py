@@ -1,13 +1,20 @@
-"""Resource usage per queue and per tenant, and shares of the cluster.
+"""Resource usage per queue, per tenant and per (queue, tenant) pair, and shares of the cluster.
 
-Usage is a vector over three resources (cpu milli, memory bytes, gpu milli). Each queue and each
-tenant has two of them: `held` (tasks bound or running) and `inflight` (tasks dispatched to a shard
-and not yet answered). Scheduling decisions use held + inflight, so that one round of dispatching
-sees the units it has already handed out.
+Usage is a vector over three resources (cpu milli, memory bytes, gpu milli). Each queue, each tenant
+and each (queue, tenant) pair has two of them: `held` (tasks bound or running) and `inflight` (tasks
+dispatched to a shard and not yet answered). Scheduling decisions use held + inflight, so that one
+round of dispatching sees the units it has already handed out.
 
-The hot path updates one queue and one tenant per unit, so the running sums are plain Python ints
-(a three-element numpy in-place add costs ~8x a Python one); every read-out is a numpy vector, and
-the all-entities views (`shares`, `matrix`) are computed with numpy in one go.
+Queue totals serve the queues' guarantees and caps, tenant totals are a tenant's usage over the whole
+cluster (metrics), and the pairs serve the tenant-fair queues (drf, fair): as in YARN's hierarchical
+fair scheduling, they compare tenants by their usage within their own queue, so that a tenant's work
+in another queue does not cost it its turn in this one. Listeners subscribe to one queue (or all).
+
+The hot path updates one pair per unit, so the running sums are plain Python ints (a three-element
+numpy in-place add costs ~8x a Python one), and one dict lookup on (queue, tenant) finds the pair's
+row with its queue's row, its tenant's row (the very lists of the per-queue and per-tenant tables)
+and its queue's listeners. Every read-out is a numpy vector, and the all-entities views (`shares`,
+`matrix`) are computed with numpy in one go.
 """
 
 from collections.abc import Callable, Iterable
@@ -21,15 +28,29 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 Kind = Literal["queue", "tenant"]
-# A listener hears the tenant whose effective usage changed, or None when every share changed
-# (the cluster capacity was set).
+Part = Literal["total", "held", "inflight"]
+# A listener hears the tenant whose effective usage changed (in the queue it subscribed to), or None
+# when every share changed (the cluster capacity was set).
 Listener = Callable[[str | None], None]
+# A (queue, tenant) pair: its row, its queue's row, its tenant's row, the listeners of its queue.
+_Pair = tuple[list[int], list[int], list[int], list[Listener]]
 
 
 class UsageTracker:
-    """Held and in-flight usage per queue and per tenant, against the cluster capacity."""
+    """Held and in-flight usage per queue, per tenant and per (queue, tenant), against the cluster
+    capacity."""
 
-    __slots__ = ("_cap", "_inv", "_listeners", "_n_res", "_queues", "_tenants")
+    __slots__ = (
+        "_cap",
+        "_everywhere",
+        "_inv",
+        "_listeners",
+        "_n_res",
+        "_pairs",
+        "_queues",
+        "_tenants",
+        "_watch",
+    )
 
     def __init__(self) -> None:
         self._cap: tuple[int, int, int] = (0, 0, 0)
@@ -38,7 +59,10 @@ class UsageTracker:
         # name -> [held cpu, held mem, held gpu, inflight cpu, inflight mem, inflight gpu]
         self._queues: dict[str, list[int]] = {}
         self._tenants: dict[str, list[int]] = {}
-        self._listeners: list[Listener] = []
+        self._pairs: dict[tuple[str, str], _Pair] = {}
+        self._listeners: list[Listener] = []  # every listener once (told of capacity changes)
+        self._everywhere: list[Listener] = []  # those that hear every queue
+        self._watch: dict[str, list[Listener]] = {}  # queue -> its listeners (_everywhere ones too)
 
     # -- capacity ---------------------------------------------------------------------------------
     def set_capacity(self, cpu_milli: int, memory: int, gpu_milli: int) -> None:
@@ -72,49 +96,96 @@ class UsageTracker:
     def has_listeners(self) -> bool:
         return bool(self._listeners)
 
-    def subscribe(self, fn: Listener) -> None:
-        """Call `fn(tenant)` whenever that tenant's held + in-flight usage changes."""
+    def subscribe(self, fn: Listener, queue: str | None = None) -> None:
+        """Call `fn(tenant)` whenever that tenant's held + in-flight usage in `queue` (in any queue,
+        when None) changes, and `fn(None)` when the cluster capacity is set."""
         self._listeners.append(fn)
+        if queue is None:
+            self._everywhere.append(fn)
+            for heard in self._watch.values():
+                heard.append(fn)
+        else:
+            self._heard_in(queue).append(fn)
+
+    def _heard_in(self, queue: str) -> list[Listener]:
+        heard = self._watch.get(queue)
+        if heard is None:
+            heard = self._watch[queue] = list(self._everywhere)
+        return heard
 
     # -- updates (negative amounts subtract) --------------------------------------------------------
     def add_inflight(self, queue: str, tenant: str, cpu: int, mem: int, gpu: int) -> None:
-        self._bump(self._queues, queue, 3, cpu, mem, gpu)
-        self._bump(self._tenants, tenant, 3, cpu, mem, gpu)
-        for fn in self._listeners:
+        p, q, t, heard = self._pairs.get((queue, tenant)) or self._pair(queue, tenant)
+        p[3] += cpu
+        p[4] += mem
+        p[5] += gpu
+        q[3] += cpu
+        q[4] += mem
+        q[5] += gpu
+        t[3] += cpu
+        t[4] += mem
+        t[5] += gpu
+        for fn in heard:
             fn(tenant)
 
     def add_held(self, queue: str, tenant: str, cpu: int, mem: int, gpu: int) -> None:
-        self._bump(self._queues, queue, 0, cpu, mem, gpu)
-        self._bump(self._tenants, tenant, 0, cpu, mem, gpu)
-        for fn in self._listeners:
+        p, q, t, heard = self._pairs.get((queue, tenant)) or self._pair(queue, tenant)
+        p[0] += cpu
+        p[1] += mem
+        p[2] += gpu
+        q[0] += cpu
+        q[1] += mem
+        q[2] += gpu
+        t[0] += cpu
+        t[1] += mem
+        t[2] += gpu
+        for fn in heard:
             fn(tenant)
 
     def commit(self, queue: str, tenant: str, cpu: int, mem: int, gpu: int) -> None:
         """Move an amount from in-flight to held (a placement was accepted); shares do not change."""
-        for table, name in ((self._queues, queue), (self._tenants, tenant)):
-            row = table.get(name)
-            if row is None:
-                row = table[name] = [0, 0, 0, 0, 0, 0]
-            row[0] += cpu
-            row[1] += mem
-            row[2] += gpu
-            row[3] -= cpu
-            row[4] -= mem
-            row[5] -= gpu
+        p, q, t, _ = self._pairs.get((queue, tenant)) or self._pair(queue, tenant)
+        # unrolled, as in add_*: a loop over (p, q, t) costs a tuple and an iterator per call
+        p[0] += cpu
+        p[1] += mem
+        p[2] += gpu
+        p[3] -= cpu
+        p[4] -= mem
+        p[5] -= gpu
+        q[0] += cpu
+        q[1] += mem
+        q[2] += gpu
+        q[3] -= cpu
+        q[4] -= mem
+        q[5] -= gpu
+        t[0] += cpu
+        t[1] += mem
+        t[2] += gpu
+        t[3] -= cpu
+        t[4] -= mem
+        t[5] -= gpu
 
-    @staticmethod
-    def _bump(table: dict[str, list[int]], name: str, at: int, cpu: int, mem: int, gpu: int) -> None:
-        row = table.get(name)
-        if row is None:
-            row = table[name] = [0, 0, 0, 0, 0, 0]
-        row[at] += cpu
-        row[at + 1] += mem
-        row[at + 2] += gpu
+    def _pair(self, queue: str, tenant: str) -> _Pair:
+        """The pair's entry, made on its first update (with its queue's and tenant's rows)."""
+        q = self._queues.get(queue)
+        if q is None:
+            q = self._queues[queue] = [0, 0, 0, 0, 0, 0]
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._tenants[tenant] = [0, 0, 0, 0, 0, 0]
+        pair = self._pairs[(queue, tenant)] = ([0, 0, 0, 0, 0, 0], q, t, self._heard_in(queue))
+        return pair
 
     # -- read-outs ----------------------------------------------------------------------------------
-    def usage(self, kind: Kind, name: str, part: Literal["total", "held", "inflight"] = "total") -> I64:
-        """The usage vector (cpu milli, memory bytes, gpu milli) of one queue or tenant."""
-        row = self._table(kind).get(name)
+    def usage(self, kind: Kind, name: str, part: Part = "total", *, queue: str | None = None) -> I64:
+        """The usage vector (cpu milli, memory bytes, gpu milli) of one queue or tenant; with `queue`,
+        the tenant's usage within that queue."""
+        if queue is None:
+            row = self._table(kind).get(name)
+        else:
+            _check(kind, queue)
+            pair = self._pairs.get((queue, name))
+            row = None if pair is None else pair[0]
         if row is None:
             return np.zeros(3, np.int64)
         if part == "held":
@@ -123,20 +194,31 @@ class UsageTracker:
             return np.array(row[3:], np.int64)
         return np.array(row[:3], np.int64) + np.array(row[3:], np.int64)
 
-    def names(self, kind: Kind) -> list[str]:
-        return list(self._table(kind))
+    def names(self, kind: Kind, *, queue: str | None = None) -> list[str]:
+        """The queues or tenants with usage rows; with `queue`, the tenants that have used it."""
+        return list(self._table(kind, queue))
 
-    def matrix(self, kind: Kind, names: Iterable[str] | None = None) -> tuple[list[str], I64]:
-        """Total usage of many queues or tenants as one (n, 3) matrix, rows in the order of `names`."""
-        table = self._table(kind)
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (queue, tenant) pair with a usage row."""
+        return list(self._pairs)
+
+    def matrix(
+        self, kind: Kind, names: Iterable[str] | None = None, *, queue: str | None = None
+    ) -> tuple[list[str], I64]:
+        """Total usage of many queues or tenants (with `queue`: tenants within it) as one (n, 3)
+        matrix, rows in the order of `names`."""
+        table = self._table(kind, queue)
         order = list(table) if names is None else list(names)
         zero = [0, 0, 0, 0, 0, 0]
         raw = np.array([table.get(n, zero) for n in order], np.int64).reshape(len(order), 6)
         return order, raw[:, :3] + raw[:, 3:]
 
-    def shares(self, kind: Kind, names: Iterable[str] | None = None) -> dict[str, float]:
-        """Dominant share of every queue or tenant, computed with numpy in one pass."""
-        order, m = self.matrix(kind, names)
+    def shares(
+        self, kind: Kind, names: Iterable[str] | None = None, *, queue: str | None = None
+    ) -> dict[str, float]:
+        """Dominant share of every queue or tenant (with `queue`: tenants within it), computed with
+        numpy in one pass."""
+        order, m = self.matrix(kind, names, queue=queue)
         if not order:
             return {}
         dom = (m * np.array(self._inv, np.float64)).max(axis=1)
@@ -175,25 +257,47 @@ class UsageTracker:
         i0, i1, i2 = self._inv
         return max((row[0] + row[3] + cpu) * i0, (row[1] + row[4] + mem) * i1, (row[2] + row[5] + gpu) * i2)
 
-    def tenant_share(self, tenant: str) -> float:
-        """Dominant share of the tenant, held + in-flight."""
-        row = self._tenants.get(tenant)
+    def queue_held_share_after(self, queue: str, cpu: int, mem: int, gpu: int) -> float:
+        """Dominant share of what the queue holds (bound or running), with `cpu, mem, gpu` more;
+        its in-flight units are left out."""
+        row = self._queues.get(queue) or [0, 0, 0, 0, 0, 0]
+        i0, i1, i2 = self._inv
+        return max((row[0] + cpu) * i0, (row[1] + mem) * i1, (row[2] + gpu) * i2)
+
+    def tenant_share(self, tenant: str, queue: str | None = None) -> float:
+        """Dominant share of the tenant, held + in-flight: within `queue`, or over every queue."""
+        if queue is None:
+            row = self._tenants.get(tenant)
+        else:
+            pair = self._pairs.get((queue, tenant))
+            row = None if pair is None else pair[0]
         if row is None:
             return 0.0
         i0, i1, i2 = self._inv
         return max((row[0] + row[3]) * i0, (row[1] + row[4]) * i1, (row[2] + row[5]) * i2)
 
-    def tenant_mean_share(self, tenant: str) -> float:
-        """Mean of the tenant's cpu, memory and gpu shares (resources with capacity only)."""
-        row = self._tenants.get(tenant)
+    def tenant_mean_share(self, tenant: str, queue: str | None = None) -> float:
+        """Mean of the tenant's cpu, memory and gpu shares (resources with capacity only), held +
+        in-flight: within `queue`, or over every queue."""
+        if queue is None:
+            row = self._tenants.get(tenant)
+        else:
+            pair = self._pairs.get((queue, tenant))
+            row = None if pair is None else pair[0]
         if row is None or not self._n_res:
             return 0.0
         i0, i1, i2 = self._inv
         return ((row[0] + row[3]) * i0 + (row[1] + row[4]) * i1 + (row[2] + row[5]) * i2) / self._n_res
 
-    def _table(self, kind: Kind) -> dict[str, list[int]]:
-        if kind == "queue":
-            return self._queues
-        if kind == "tenant":
-            return self._tenants
+    def _table(self, kind: Kind, queue: str | None = None) -> dict[str, list[int]]:
+        _check(kind, queue)
+        if queue is not None:
+            return {t: pair[0] for (q, t), pair in self._pairs.items() if q == queue}
+        return self._queues if kind == "queue" else self._tenants
+
+
+def _check(kind: str, queue: str | None) -> None:
+    if kind != "queue" and kind != "tenant":
         raise ValueError(f"kind must be 'queue' or 'tenant', got {kind!r}")
+    if queue is not None and kind != "tenant":
+        raise ValueError(f"usage within queue {queue!r} is kept per tenant: kind must be 'tenant'")

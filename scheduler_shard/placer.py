@@ -197,9 +197,8 @@ class Placer:
                 continue
             node = state.nodes[row]
             assert node is not None
-            ctx.place(
-                state, row, Resident.for_task(job, idx, gpus, now), Placement(idx, node.name, gpus, victims)
-            )
+            resident = Resident.for_task(job, idx, gpus, now, unit.standing)
+            ctx.place(state, row, resident, Placement(idx, node.name, gpus, victims))
         return unplaced
 
     def _rows_of(self, allowed: Mask) -> npt.NDArray[np.intp]:

@@ -146,6 +146,7 @@ class SchedulerShard:
                         unit.dispatch_time,
                         unit.held,
                         unit.floors if ctx.victims_by_job and any(p.victims for p in ctx.placements) else (),
+                        unit.standing,
                     )
                 )
             if leftover is not None:

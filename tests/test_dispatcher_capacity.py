@@ -122,17 +122,31 @@ PLANNER = CapacityPlanner(QUEUES)
     [
         (0, 0.0, -2.0),  # below guarantee: share/guarantee - 2
         (0, 0.3, -1.5),
-        (0, 0.6, 0.6),  # at the guarantee: borrowing, ranked by share
-        (0, 0.79, 0.79),
+        (0, 0.6, 1.0),  # at the guarantee: borrowing, ranked by share/guarantee
+        (0, 0.72, 1.2),
         (0, 0.8, NOT_ELIGIBLE),  # at max_share
         (1, 0.15, -1.5),
         (1, 0.5, NOT_ELIGIBLE),
-        (2, 0.99, 0.99),
-        (2, 1.5, 1.5),  # max_share 1.0 is not enforced here
+        (2, 0.12, 1.2),  # a borrower guaranteed 10% at 12% ranks with one guaranteed 60% at 72%
+        (2, 1.5, 15.0),  # max_share 1.0 is not enforced here
     ],
 )
 def test_rank(queue, share, expected):
     assert PLANNER.rank(queue, share) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("guarantees", "entitled"),
+    [
+        ((0.6, 0.1), (0.6, 0.1)),
+        ((0.6, 0.0, 0.0), (0.6, 0.2, 0.2)),  # no guarantee: an equal part of the unpromised 40%
+        ((0.0, 0.0), (0.5, 0.5)),  # none at all: by share, as before
+        ((0.7, 0.3, 0.0), (0.7, 0.3, 1e-3)),  # all promised: a sliver, it borrows last
+    ],
+)
+def test_borrowers_are_measured_against_their_entitlement(guarantees, entitled):
+    planner = CapacityPlanner([QueueConfig(name=f"q{i}", guarantee=g) for i, g in enumerate(guarantees)])
+    assert planner.entitled == pytest.approx(list(entitled))
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,7 @@ DOMAIN_CASES = [
         [_zone("a1", "a", "0"), _zone("b1", "b", "0"), _zone("x", None, "4")],
         {},
         None,
-        {"insufficient cpu": 2, "missing label 'zone' (gosched.io/pack-domain)": 1},
+        {"node too small for cpu": 2, "missing label 'zone' (gosched.io/pack-domain)": 1},
     ),
 ]
 

@@ -540,6 +540,8 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     # a future submit_time would sort the job ahead of every priority
     ("submit-time-future", spec(submit_time=NOW + 61), "submit_time", "is in the future (now is 2023-11-14"),
     ("submit-time-absurd", spec(submit_time=1e300), "submit_time", "1e+300 is in the future"),
+    # a backdated one would age past every priority
+    ("submit-time-past", spec(submit_time=NOW - 61), "submit_time", "may not be backdated"),
     ("deadline-date-past", spec(deadline=date(2020, 1, 1)), "deadline", "not in the future"),
     ("deadline-datetime-past", spec(deadline=datetime(2020, 1, 1, tzinfo=UTC)), "deadline", "not in the"),
 ]
@@ -701,7 +703,7 @@ GOOD_JOB_SPECS: list[tuple[str, dict[str, Any], Job]] = [
             kind="service",
             labels={"team": "vision", "app.kubernetes.io/name": "x"},
             disruption_budget=0,
-            submit_time=5,
+            submit_time=NOW - 5,
             submission_id="cli-1",
         ),
         main_job(
@@ -712,7 +714,7 @@ GOOD_JOB_SPECS: list[tuple[str, dict[str, Any], Job]] = [
             kind=JobKind.SERVICE,
             labels=(("app.kubernetes.io/name", "x"), ("team", "vision")),
             disruption_budget=0,
-            submit_time=5.0,
+            submit_time=NOW - 5.0,
             submission_id="cli-1",
         ),
     ),
@@ -738,9 +740,9 @@ GOOD_JOB_SPECS: list[tuple[str, dict[str, Any], Job]] = [
         main_job(deadline=1_893_456_000.0),
     ),
     ("deadline-date-is-utc-midnight", spec(deadline=date(2030, 1, 1)), main_job(deadline=1_893_456_000.0)),
-    # within the allowed clock skew; and any past time (restores, replays) stays valid
+    # within the allowed clock skew either way
     ("submit-time-skew", spec(submit_time=NOW + 60), main_job(submit_time=NOW + 60)),
-    ("submit-time-past", spec(submit_time=NOW - 86_400), main_job(submit_time=NOW - 86_400)),
+    ("submit-time-skew-past", spec(submit_time=NOW - 60), main_job(submit_time=NOW - 60)),
     (
         "spark",
         {

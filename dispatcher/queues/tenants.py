@@ -1,5 +1,10 @@
 """Shared machinery of the tenant-fair policies (drf, fair): next job from the neediest tenant.
 
+Neediest by the tenant's usage within this queue (`queue`, the queue's name), not over the cluster:
+as in YARN's hierarchical fair scheduling, the queues split the cluster (guarantees, caps) and each
+queue splits its part among its tenants, so a tenant's work in another queue must not cost it its
+turn here. The queue subscribes to its own queue's usage only.
+
 Each tenant has its own FIFO (a heap on submission sequence, so requeued jobs keep their place).
 Tenants are ordered by (key, sequence of their head job) in a heap whose items go stale when the
 tenant's usage or head changes; the usage tracker tells the queue which tenants changed, and those
@@ -17,7 +22,11 @@ E = TypeVar("E", bound=QueueEntry)
 
 
 class TenantShareQueue(Generic[E]):
-    """FIFO within a tenant; across tenants, smallest `tenant_key` first (ties: older head job)."""
+    """FIFO within a tenant; across tenants, smallest `tenant_key` first (ties: older head job).
+
+    `queue` names the queue whose usage ranks the tenants (`make_queue` passes the config's name);
+    None ranks them by their usage over every queue (a queue used on its own, outside a dispatcher).
+    """
 
     __slots__ = (
         "_by_tenant",
@@ -28,12 +37,16 @@ class TenantShareQueue(Generic[E]):
         "_token",
         "_ver",
         "_version",
+        "queue",
         "usage",
         "weights",
     )
 
-    def __init__(self, usage: UsageTracker, weights: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, usage: UsageTracker, weights: Mapping[str, float] | None = None, queue: str | None = None
+    ) -> None:
         self.usage = usage
+        self.queue = queue
         self.weights = dict(weights or {})
         self._by_tenant: dict[str, list[tuple[int, int, E]]] = {}  # tenant -> heap of (seq, token, entry)
         self._live: dict[str, int] = {}  # tenant -> live entries
@@ -43,14 +56,14 @@ class TenantShareQueue(Generic[E]):
         self._version = 0
         self._token = 0
         self._dirty: set[str] = set()
-        usage.subscribe(self._on_usage)
+        usage.subscribe(self._on_usage, queue)
 
     # -- policy -------------------------------------------------------------------------------------
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
 
     def tenant_key(self, tenant: str) -> float:
-        """Smaller goes first. Subclasses: the tenant's (weighted) usage share."""
+        """Smaller goes first. Subclasses: the tenant's (weighted) usage share within `queue`."""
         raise NotImplementedError
 
     # -- queue interface ----------------------------------------------------------------------------

@@ -29,6 +29,19 @@ def _ext_checks(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[s
     return out
 
 
+def _ext_capacity_checks(tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
+    out = []
+    for name, amount in tc.request.extended:
+        if amount <= 0:
+            continue
+        col = state.ext_col(name)
+        if col is None:
+            out.append((f"node has no {name}", np.zeros(len(state.cpu_cap[rows]), np.bool_)))
+        else:
+            out.append((f"node too small for {name}", amount <= state.ext_cap[rows, col]))
+    return out
+
+
 def gpu_fit(tc: TaskClass, state: ClusterArrays, rows: Rows) -> Mask:
     """Rows with room for the class's GPUs: k fully free eligible GPUs, or one with the share free."""
     eligible = tc.eligible_gpus(state)
@@ -82,7 +95,16 @@ class ResourcesFit(FilterPlugin):
 
     def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
         req = tc.request
+        # Nodes too small for the request whatever runs there first, apart from busy ones: a task
+        # too big for them waits in vain (the dispatcher reserves room only for "insufficient").
         checks = [
+            ("node too small for cpu", req.cpu_milli <= state.cpu_cap[rows]),
+            ("node too small for memory", req.memory <= state.mem_cap[rows]),
+            *_ext_capacity_checks(tc, state, rows),
+        ]
+        if req.wants_gpu:
+            checks.append(("node has too few GPUs", state.gpu_count[rows] >= max(1, tc.gpu_whole)))
+        checks += [
             ("insufficient cpu", state.cpu_used[rows] + req.cpu_milli <= state.cpu_cap[rows]),
             ("insufficient memory", state.mem_used[rows] + req.memory <= state.mem_cap[rows]),
             *_ext_checks(tc, state, rows),

@@ -1,0 +1,107 @@
+"""Head-of-line reservations: a job starved by the jobs behind it gets its queue's room kept for it.
+
+In a queue ordered by the jobs alone (fifo, priority, deadline), a job that needs more room than
+is ever free at once (a gang, an 8-GPU task) would wait for ever: every slot that frees goes to a
+smaller job behind it, which fits. Slurm's backfill keeps a reservation for the job at the top;
+it lets a job behind it start only if it ends before the reservation starts, which needs run-time
+limits, and our jobs declare none. So a reservation here holds the whole queue: once a job has
+waited `reserve_after_s` and a shard said it fits nowhere only because nodes are busy, the jobs
+behind it in its queue are not dispatched until it starts; the room its queue frees stays free
+for it. Jobs ahead of it in queue order (an older retry, a higher priority) still go first.
+
+One reservation per queue. It ends when the job holds its gang (min_member tasks), ends, is
+cancelled, or is told it fits nowhere for a reason that no ending task would change (a node too
+small, a selector), so that a job that can never run does not hold its queue for ever.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gosched.common.config import QueueConfig
+from gosched.common.messages import Diagnosis
+from gosched.dispatcher.records import QUEUED, JobRecord
+
+# Reasons the shards give that busy nodes may lift once their tasks end (scheduler_shard's
+# resources_fit and its gang check); "node too small ..." and the like never change by waiting.
+BUSY_PREFIX = "insufficient "
+GANG_APART = "gang does not fit together"
+
+
+def room_may_come(diagnosis: Diagnosis | None) -> bool:
+    """Whether some node was ruled out only by what runs on it now."""
+    if diagnosis is None:
+        return False
+    return any(reason.startswith(BUSY_PREFIX) or reason == GANG_APART for reason in diagnosis.ruled_out)
+
+
+class Reservations:
+    """The reservation of each queue (see the module docstring), by queue index."""
+
+    __slots__ = ("after", "held")
+
+    def __init__(self, queues: Sequence[QueueConfig], ordered: Sequence[bool]) -> None:
+        # Only queues ordered by the jobs alone reserve: a tenant-fair queue's order moves with usage.
+        self.after: list[float | None] = [
+            q.reserve_after_s if is_ordered else None for q, is_ordered in zip(queues, ordered, strict=True)
+        ]
+        self.held: list[JobRecord | None] = [None] * len(queues)
+
+    def on_unschedulable(self, rec: JobRecord, diagnosis: Diagnosis | None, now: float) -> None:
+        """A unit of `rec` fit nowhere: it may take its queue's reservation, or lose it."""
+        qi = rec.qi
+        after = self.after[qi]
+        if after is None:
+            return
+        held = self.held[qi]
+        busy = room_may_come(diagnosis)
+        if held is rec:
+            if not busy:
+                self.held[qi] = None  # waiting would not help it: free the queue
+            return
+        if held is None and busy and now - rec.job.submit_time >= after and not starting(rec):
+            self.held[qi] = rec
+
+    def holding(self, live: Mapping[str, JobRecord]) -> list[JobRecord | None]:
+        """Per queue: the job whose reservation holds the queue now (it waits outside the queue:
+        backing off, dormant or in flight), else None. Reservations that have ended are dropped."""
+        out: list[JobRecord | None] = [None] * len(self.held)
+        for qi, rec in enumerate(self.held):
+            if rec is None:
+                continue
+            if rec.cancelled or starting(rec) or live.get(rec.job_id) is not rec:
+                self.held[qi] = None
+            elif rec.where is not QUEUED:
+                out[qi] = rec
+        return out
+
+    def holder(self, qi: int) -> JobRecord | None:
+        return self.held[qi]
+
+    def note(self, rec: JobRecord, now: float) -> str:
+        """For explain: the reservation that holds `rec` back, or that `rec` holds."""
+        holder = self.held[rec.qi]
+        if holder is None:
+            return ""
+        waited = now - holder.job.submit_time
+        if holder is rec:
+            return (
+                f"holds queue {rec.queue}'s reservation (waited {waited:.0f}s; the room it needs is "
+                "busy): the jobs behind it wait until it starts"
+            )
+        return (
+            f"queued behind job {holder.job_id}, which holds queue {rec.queue}'s reservation "
+            f"(waited {waited:.0f}s for room that is busy); the jobs behind it wait until it starts"
+        )
+
+
+def ahead(queue: Any, rec: JobRecord, holder: JobRecord, now: float) -> bool:
+    """Whether `queue` orders `rec` before `holder` now (a job that may pass a reservation)."""
+    effective = getattr(queue, "effective_priority", None)
+    if effective is not None:  # priority with aging: the heap's key is not the order at `now`
+        return (-effective(rec, now), rec.seq) < (-effective(holder, now), holder.seq)
+    return bool(queue.key(rec) < queue.key(holder))
+
+
+def starting(rec: JobRecord) -> bool:
+    """Whether the job needs no reservation any more: its gang is held, or nothing is pending."""
+    return not rec.n_pending or rec.n_held >= rec.job.min_member
