@@ -8,7 +8,7 @@ once in the log.
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
@@ -57,8 +57,10 @@ class MachineInfo:
         name: str | None = None,
         labels: dict[str, str] | None = None,
         taints: tuple[Taint, ...] = (),
+        extended: Mapping[str, int] | None = None,
     ) -> Node:
-        """The node record the agent registers: discovered facts merged with configured labels."""
+        """The node record the agent registers: discovered facts merged with configured labels, and
+        the extended resources the operator says this machine has (the agent cannot count them)."""
         discovered: dict[str, str] = {"gosched.io/hostname": self.hostname}
         if self.gpus:
             discovered["gosched.io/gpu-count"] = str(len(self.gpus))
@@ -71,6 +73,7 @@ class MachineInfo:
             self.memory_bytes,
             labels={**discovered, **(labels or {})},
             taints=taints,
+            extended=dict(extended or {}),
         )
         gpus = tuple(
             Gpu(

@@ -82,6 +82,7 @@ class AgentRunner:
         taints: Sequence[Taint] = (),
         cpu_milli: int | None = None,
         memory: int | None = None,
+        extended: Mapping[str, int] | None = None,
         container_runtime: str | None = AUTO,
         runtime_probe_s: float = RUNTIME_PROBE_S,
         shutdown_grace_s: float = 10.0,
@@ -90,13 +91,15 @@ class AgentRunner:
         nvml: Any = AUTO,
         security: ChannelSecurity | None = None,
     ) -> None:
-        """`cpu_milli` / `memory` advertise less than the machine has; `container_runtime` is the
-        docker/podman program for tasks with an image (AUTO: look on PATH, None: none), probed
-        again every `runtime_probe_s` seconds (0: only at start); `nvml` an initialised
-        pynvml-like module (AUTO: load pynvml, None: a CPU-only node). If the master says another
-        agent holds the node's name, run() stops and raises NodeNameTaken (once registered, only
-        after `name_taken_give_up_s` of such answers: see agent/link.py). `security`: TLS and the
-        agent token for a secured master (gosched.api.channel; None: plaintext)."""
+        """`cpu_milli` / `memory` advertise less than the machine has; `extended` the countable
+        resources it has that the agent cannot find (e.g. {"example.com/fpga": 2}), sent with every
+        registration; `container_runtime` is the docker/podman program for tasks with an image
+        (AUTO: look on PATH, None: none), probed again every `runtime_probe_s` seconds (0: only at
+        start); `nvml` an initialised pynvml-like module (AUTO: load pynvml, None: a CPU-only
+        node). If the master says another agent holds the node's name, run() stops and raises
+        NodeNameTaken (once registered, only after `name_taken_give_up_s` of such answers: see
+        agent/link.py). `security`: TLS and the agent token for a secured master
+        (gosched.api.channel; None: plaintext)."""
         self.master = master
         self.name = name or socket.gethostname()
         self.work_dir = Path(work_dir) if work_dir is not None else default_work_dir(self.name)
@@ -112,7 +115,7 @@ class AgentRunner:
         self.container_runtime, self.no_runtime_reason = _working_runtime(container_runtime)
         self._labels = dict(labels or {})  # the operator's: they win over what the agent finds
         found = {RUNTIME_LABEL: runtime_kind(self.container_runtime)} if self.container_runtime else {}
-        node = self.machine.to_node(self.name, {**found, **self._labels}, tuple(taints))
+        node = self.machine.to_node(self.name, {**found, **self._labels}, tuple(taints), extended)
         if cpu_milli is not None:
             node = replace(node, cpu_milli=cpu_milli)
         if memory is not None:
@@ -272,9 +275,10 @@ class AgentRunner:
         self.node_name = response.node_name or self.name
         node = self.node
         again = " again" if self.registered.is_set() else ""
+        extended = "".join(f", {name}={count}" for name, count in node.extended)
         self.echo(
             f"registered{again} as {self.node_name} with {node.cpu_milli / 1000:g} CPUs, "
-            f"{node.memory / 2**30:.1f} GiB memory, {len(node.gpus)} GPUs "
+            f"{node.memory / 2**30:.1f} GiB memory, {len(node.gpus)} GPUs{extended} "
             f"({len(running)} task(s) running, {len(expected)} expected)"
         )
         self.registered.set()

@@ -1,6 +1,7 @@
 """`gosched agent`: the node agent, which registers this machine with the master and runs the tasks
 bound to it. A secured master: --tls-ca, --tls-cert/--tls-key (mutual TLS), --token-file (the agent
-token); flags only, no env (GOSCHED_TOKEN is a client's API token)."""
+token); flags only, no env (GOSCHED_TOKEN is a client's API token). --extended advertises countable
+resources the agent cannot find itself (FPGAs, RDMA adapters): jobs ask for them under `extended`."""
 
 import signal
 from collections.abc import Callable
@@ -14,8 +15,12 @@ from gosched.api.channel import ChannelSecurity, target_error
 from gosched.cli.exits import ExitCode
 from gosched.cli.flags import FlagError, check_seconds, refuse, security_flag_error
 from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Taint, TaintEffect
-from gosched.common.quantity import parse_bytes, parse_milli
+from gosched.common.quantity import parse_bytes, parse_count, parse_milli
 from gosched.common.secret_files import SecretFileError
+from gosched.common.spec import (
+    MAX_EXTENDED,
+    label_key_problem,  # the spec's own rule for resource names
+)
 
 # Labels the agent or the master set on an agent's node themselves: an operator's value would be
 # overridden (AGENT_LABEL, by the master) or would claim a container runtime the probe did not find.
@@ -59,6 +64,48 @@ def _quantity(flag: str, text: str | None, parse: Callable[[str, str], int]) -> 
     return value
 
 
+# What a node has built in, which an extended resource of the same name would shadow or double:
+# CPUs and memory (--cpus, --memory) and the NVIDIA GPUs the agent finds through NVML (and counts
+# itself: `nvidia.com/gpu` is the Kubernetes device plugin's name for them). Compared in lowercase.
+BUILTIN_RESOURCES = {
+    "cpu": "the machine's CPUs (--cpus)",
+    "cpus": "the machine's CPUs (--cpus)",
+    "memory": "the machine's memory (--memory)",
+    "gpu": "the NVIDIA GPUs the agent finds itself",
+    "gpus": "the NVIDIA GPUs the agent finds itself",
+    "nvidia.com/gpu": "the NVIDIA GPUs the agent finds itself",
+}
+COUNT_RULE = f"a whole number from 1 to {MAX_EXTENDED}"  # a job spec takes up to MAX_EXTENDED too
+
+
+def parse_extended(text: str) -> dict[str, int]:
+    """ "example.com/fpga=2,rdma/hca=1" -> {"example.com/fpga": 2, "rdma/hca": 1}: each name as a
+    job spec's `extended` names it (the spec's rule), each count a whole number >= 1, a name at
+    most once (or again with the same count), none of the node's built-in resources."""
+    extended: dict[str, int] = {}
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        name, eq, amount = (part.strip() for part in item.partition("="))
+        if not eq or not name or not amount:
+            raise ValueError(f"{item!r} is not NAME=COUNT (e.g. example.com/fpga=2)")
+        if problem := label_key_problem(name, "resource name"):
+            raise ValueError(problem)
+        if (builtin := BUILTIN_RESOURCES.get(name.lower())) is not None:
+            raise ValueError(f"{name} is a built-in resource, not an extended one: {builtin}")
+        try:
+            count = parse_count(amount, name)  # as a job spec's extended counts are read
+        except ValueError:  # QuantityError: not a number, a unit, a fraction, negative, huge
+            count = -1
+        if not 1 <= count <= MAX_EXTENDED:
+            none = " (leave the resource out to advertise none)" if count == 0 else ""
+            raise ValueError(f"{name}={amount}: the count must be {COUNT_RULE}{none}")
+        if extended.get(name, count) != count:
+            raise ValueError(f"{name} given twice, as {extended[name]} and as {count}")
+        extended[name] = count
+    return extended
+
+
 def parse_taints(text: str) -> tuple[Taint, ...]:
     """ "key=value:Effect,key2:NoExecute,key3" -> taints; the effect defaults to NoSchedule."""
     taints = []
@@ -96,6 +143,14 @@ def register(app: typer.Typer) -> None:
         ] = "",
         taints: Annotated[
             str, typer.Option(help="Node taints key=value:Effect,... (Effect: NoSchedule by default).")
+        ] = "",
+        extended: Annotated[
+            str,
+            typer.Option(
+                help="Extended resources to advertise, NAME=COUNT,... (e.g. example.com/fpga=2,rdma/hca=1): "
+                "countable things the agent cannot find itself, which jobs request under `extended`. "
+                "Names as in a job spec, counts whole numbers >= 1; not cpu, memory or GPUs (built in).",
+            ),
         ] = "",
         cpus: Annotated[
             str | None, typer.Option(help="CPUs to advertise, less than the machine's (e.g. 2, 1500m).")
@@ -151,6 +206,10 @@ def register(app: typer.Typer) -> None:
             except ValueError as exc:
                 raise FlagError("--taints", str(exc)) from None
             try:
+                node_extended = parse_extended(extended)
+            except ValueError as exc:
+                raise FlagError("--extended", str(exc)) from None
+            try:
                 security = ChannelSecurity.from_files(
                     tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token_file=token_file
                 )
@@ -170,6 +229,7 @@ def register(app: typer.Typer) -> None:
                 taints=node_taints,
                 cpu_milli=cpu_milli,
                 memory=memory_bytes,
+                extended=node_extended,
                 runtime_probe_s=runtime_probe,
                 shutdown_grace_s=grace,
                 echo=typer.echo,

@@ -386,7 +386,8 @@ def nodes(
     tls_key: TlsKeyOpt = None,
     token_file: TokenFileOpt = None,
 ) -> None:
-    """List nodes with their CPU, memory and GPUs used/total; -o wide adds labels, taints, GPUs."""
+    """List nodes with their CPU, memory and GPUs used/total; -o wide adds extended resources,
+    labels, taints, GPUs."""
     with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         found = client.nodes(state)
     out.emit(

@@ -106,6 +106,7 @@ def node_data(n: NodeInfo) -> dict[str, Any]:
             }
             for i, g in enumerate(node.gpus)
         ],
+        "extended": dict(node.extended),  # capacity, e.g. {"example.com/fpga": 2}
         "labels": dict(node.labels),
         "taints": [{"key": t.key, "value": t.value, "effect": t.effect.value} for t in node.taints],
         "tasks": list(n.task_ids),
@@ -270,7 +271,7 @@ def _agent(n: NodeInfo) -> str:
 def nodes_view(nodes: Sequence[NodeInfo], *, wide: bool = False) -> str:
     headers = ["NAME", "STATE", "CPU", "MEMORY", "GPU", "TASKS"]
     if wide:
-        headers += ["LABELS", "TAINTS", "GPUS", "AGENT"]
+        headers += ["EXTENDED", "LABELS", "TAINTS", "GPUS", "AGENT"]
     rows = []
     for n in nodes:
         node = n.node
@@ -284,7 +285,8 @@ def nodes_view(nodes: Sequence[NodeInfo], *, wide: bool = False) -> str:
         ]
         if wide:
             taints = ",".join(f"{t.key}={t.value}:{t.effect.value}" for t in node.taints)
-            row += [_pairs(node.labels), taints, _gpu_list(n), _agent(n)]
+            extended = _pairs([(k, str(v)) for k, v in node.extended])
+            row += [extended, _pairs(node.labels), taints, _gpu_list(n), _agent(n)]
         rows.append(row)
     return h.table(headers, rows)
 

@@ -344,7 +344,7 @@ def _label_name(value: object, path: str, max_len: int = MAX_NAME_LEN) -> str:
     return _name(value, path, _LABEL_NAME, max_len, rule)
 
 
-def _label_key_problem(key: str, what: str = "label key") -> str | None:
+def label_key_problem(key: str, what: str = "label key") -> str | None:
     """Why `key` is not a Kubernetes label key (optional DNS-subdomain prefix + "/" + name), or None."""
     prefix, slash, name = key.rpartition("/")
     if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
@@ -368,7 +368,7 @@ def _label_value_problem(value: str) -> str | None:
 
 def _label_key(value: object, path: str) -> str:
     key = _str(value, path)
-    if problem := _label_key_problem(key):
+    if problem := label_key_problem(key):
         _fail(path, problem)
     return key
 
@@ -385,7 +385,7 @@ def _labels(value: object, path: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for key, text in _mapping(value, path).items():
         where = _entry(path, key)
-        if problem := _label_key_problem(key):
+        if problem := label_key_problem(key):
             _fail(where, problem)
         pairs.append((key, _label_value(text, where)))
     return tuple(sorted(pairs))
@@ -478,7 +478,7 @@ def _extended(value: object, path: str) -> tuple[tuple[str, int], ...]:
     pairs = []
     for name, amount in _mapping(value, path).items():
         where = _entry(path, name)
-        if problem := _label_key_problem(name, "resource name"):
+        if problem := label_key_problem(name, "resource name"):
             _fail(where, problem)
         pairs.append((name, _quantity(parse_count, amount, where, MAX_EXTENDED, f"{MAX_EXTENDED}")))
     return tuple(sorted(pairs))
