@@ -1,27 +1,28 @@
 """Priority with capped aging (Slurm's PriorityMaxAge).
 
-Effective priority at `now` = priority + aging_per_s * min(max(0, now - submit_time), aging_max_s).
-Uncapped, an old enough job at any priority outranks every other: the cap bounds what waiting is
-worth (aging_per_s * aging_max_s), so priorities far enough apart keep their order however long
-the lower one waits, while nearer ones are still overtaken and nothing close starves.
+Effective priority at `now` = priority + aging_per_s * min(max(0, now - submit_time), aging_max_s),
+ties by seq. Uncapped, a long enough wait outranks any priority; the cap bounds what waiting is
+worth (aging_per_s * aging_max_s), so priorities further apart than that keep their order however
+long the lower one waits, while nearer ones are still overtaken: nothing close starves.
 
-Re-sorting at every look would cost O(n), so each job is kept in the heap of its phase, whose
-order does not change with time:
-- ageing (submit_time <= now < submit_time + aging_max_s): these all age at the same rate, so the
-  static key  aging_per_s * submit_time - priority  orders them exactly at every instant;
-- frozen: capped (priority + aging_per_s * aging_max_s) or not yet started (a submit_time ahead of
-  the clock counts as no wait, not as a negative one): constant, so keyed by -effective priority.
-The head is the better of the two heads, compared at the clock's `now`. A job changes phase only
-at its submit_time and at submit_time + aging_max_s; heaps on those times hand over the due jobs
-when the head is next looked for, so every operation is O(log n). Jobs mostly arrive in order of
-both keys, so, as in HeapQueue, each has a sorted run (a deque, O(1)) in front of its heap; the
-uncapped path costs one clock read per head, and an append per push.
+Re-sorting at every look would cost O(n), so each job sits in the heap of its phase, whose order
+does not change with time:
+- ageing (submit_time <= now < submit_time + aging_max_s): all age at the same rate, so the static
+  key  aging_per_s * submit_time - priority  orders them exactly at every instant;
+- frozen: capped, or not started (a submit_time ahead of the clock counts as no wait, not as a
+  negative one): constant, so keyed by -effective priority.
+The head is the better of the two heads at the clock's `now`. A job changes phase only at its
+submit_time and at submit_time + aging_max_s; heaps on those times hand the due jobs over when the
+head is next looked for, so every operation stays O(log n). Most jobs arrive in order of both
+the ageing key and submit_time, so (as in HeapQueue) each has a sorted run, a deque, in front of its
+heap: the common path adds one clock read per head and one deque append per push to the uncapped
+queue's cost.
 
-The clock is read only when the head is looked for (and by a push whose submit_time is past the
-last reading): `pop` right after `peek` takes the entry `peek` showed, as the dispatcher expects.
-Phases only move forward: a clock stepping back delays the hand-overs, no more. Aging orders the
-queue only: preemption compares the jobs' own priorities (as Kubernetes does), so a bound
-low-priority task can still be evicted by a higher-priority job.
+The clock is read when the head is looked for, and by a push whose submit_time is past the last
+reading; `pop` right after `peek` takes the entry `peek` showed, as the dispatcher expects. Phases
+only move forward: a clock that steps back delays hand-overs, no more. A job the aging put ahead
+keeps its effective priority at dispatch against preemption once bound (Unit.standing), while it
+preempts with its own priority only: aging protects the jobs it starts, it does not arm them.
 """
 
 import heapq
@@ -43,7 +44,7 @@ _Item = tuple[float, int, int, E]
 # (submit_time, token, entry): when a frozen job starts ageing, or an ageing one's cap counts from.
 _Timed = tuple[float, int, E]
 
-_SLACK = 2048  # garbage items tolerated on top of the live ones before a compaction
+_SLACK = 2048  # stale items tolerated on top of the live ones before a compaction
 
 
 class PriorityAgingQueue(Generic[E]):
@@ -56,6 +57,7 @@ class PriorityAgingQueue(Generic[E]):
         "_aging_per_s",
         "_cap_gain",
         "_capping",
+        "_check_in",
         "_clock",
         "_due_heap",
         "_due_run",
@@ -63,7 +65,6 @@ class PriorityAgingQueue(Generic[E]):
         "_head_item",
         "_head_now",
         "_heap",
-        "_items",
         "_max_age",
         "_members",
         "_next_event",
@@ -101,7 +102,9 @@ class PriorityAgingQueue(Generic[E]):
         self._wake: list[_Timed[E]] = []  # not yet started, by submit_time
         self._next_event = math.inf  # no hand-over is due before this (a lower bound)
         self._seen = -math.inf  # the last clock reading
-        self._items = 0  # items in all the containers above, live or stale
+        # Events that leave stale items (removals, replacements, hand-overs, some pops) before the
+        # next look at how many items are held: the common push and pop pay no count.
+        self._check_in = _SLACK
         # The head _find found (and the time it was found for), until the queue changes.
         self._head_item: _Item[E] | None = None
         self._head_now = -math.inf
@@ -121,28 +124,18 @@ class PriorityAgingQueue(Generic[E]):
     # -- PolicyQueue ------------------------------------------------------------------------------------
     def push(self, entry: E) -> None:
         job_id = entry.job_id
-        self._token += 1
-        token = self._token
-        replaced = self._members.get(job_id) is not None
-        self._members[job_id] = token
+        members = self._members
+        token = self._token = self._token + 1
+        if job_id in members:
+            self._check_in -= 1
+        members[job_id] = token
         self._head_item = None
-        if not self._aging:
-            self._add_ageing((-entry.job.priority, entry.seq, token, entry))
-            self._items += 1
-        else:
-            submit = entry.job.submit_time
-            if submit > self._seen:  # as a fresh submission is: is it ahead of the clock?
-                self._seen = self._clock()
-                if submit > self._seen:
-                    heapq.heappush(self._frozen, (-entry.job.priority, entry.seq, token, entry))
-                    heapq.heappush(self._wake, (submit, token, entry))
-                    self._items += 2
-                    if submit < self._next_event:
-                        self._next_event = submit
-                    return
-            self._start_ageing(entry, token, submit)
-        if replaced and self._items > (len(self._members) << 2) + _SLACK:
-            self._compact()
+        submit = entry.job.submit_time
+        if submit > self._seen and self._aging:  # as a fresh submission is: ahead of the clock?
+            self._seen = self._clock()
+        self._place(entry, token, submit)
+        if self._check_in <= 0:
+            self._check()
 
     def peek(self) -> E | None:
         if self._aging:
@@ -163,41 +156,34 @@ class PriorityAgingQueue(Generic[E]):
         self._head_item = None
         token, entry = item[2], item[3]
         del self._members[entry.job_id]
-        self._items -= 1
-        left = False  # whether the job leaves an item behind (its due or wake time)
-        run, heap = self._run, self._heap
+        run = self._run
         if run and run[0] is item:
             run.popleft()
-            left = self._capping
-        elif heap and heap[0] is item:
-            heapq.heappop(heap)
-            left = self._capping
+        elif self._heap and self._heap[0] is item:
+            heapq.heappop(self._heap)
         else:
             heapq.heappop(self._frozen)
             wake = self._wake
             if wake and wake[0][1] == token:  # taken before its submit_time
                 heapq.heappop(wake)
-                self._items -= 1
-            elif self._items > (len(self._members) << 2) + _SLACK:
-                self._compact()
-        if left:  # its due item is most often the first (the oldest job went first): drop it now
-            due_run, due_heap = self._due_run, self._due_heap
+            else:  # capped (nothing left behind) or its wake item is deeper: count it anyway
+                self._litter(1)
+            return entry
+        if self._capping:  # its due item: most often the first (the oldest job went first)
+            due_run = self._due_run
             if due_run and due_run[0][1] == token:
                 due_run.popleft()
-                self._items -= 1
-            elif due_heap and due_heap[0][1] == token:
-                heapq.heappop(due_heap)
-                self._items -= 1
-            elif self._items > (len(self._members) << 2) + _SLACK:
-                self._compact()
+            elif self._due_heap and self._due_heap[0][1] == token:
+                heapq.heappop(self._due_heap)
+            else:
+                self._litter(1)
         return entry
 
     def remove(self, job_id: str) -> bool:
         if self._members.pop(job_id, None) is None:
             return False
         self._head_item = None
-        if self._items > (len(self._members) << 2) + _SLACK:
-            self._compact()
+        self._litter(1)
         return True
 
     def __len__(self) -> int:
@@ -207,34 +193,41 @@ class PriorityAgingQueue(Generic[E]):
         return job_id in self._members
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _add_ageing(self, item: _Item[E]) -> None:
+    def _place(self, entry: E, token: int, submit: float) -> None:
+        """Queue the job's items under `token`, in its phase as of the last clock reading."""
+        job = entry.job
+        aging = self._aging
+        if aging:
+            seen = self._seen
+            if submit > seen:  # not started yet: its own priority until submit_time
+                heapq.heappush(self._frozen, (-job.priority, entry.seq, token, entry))
+                heapq.heappush(self._wake, (submit, token, entry))
+                if submit < self._next_event:
+                    self._next_event = submit
+                return
+            if submit + self._max_age <= seen:  # capped already (a restored or replayed job)
+                heapq.heappush(self._frozen, (-(job.priority + self._cap_gain), entry.seq, token, entry))
+                return
+            item = (aging * submit - job.priority, entry.seq, token, entry)
+        else:
+            item = (-job.priority, entry.seq, token, entry)
         run = self._run
         if not run or run[-1] < item:  # tokens grow: an equal (key, seq) pushed later sorts after
             run.append(item)
         else:
             heapq.heappush(self._heap, item)
-
-    def _start_ageing(self, entry: E, token: int, submit: float) -> None:
-        """Queue a job whose submit_time has come, as of the last clock reading."""
-        max_age = self._max_age
-        due = submit + max_age
-        if due <= self._seen:  # waited past the cap already (a restored or replayed job)
-            item = (-(entry.job.priority + self._cap_gain), entry.seq, token, entry)
-            heapq.heappush(self._frozen, item)
-            self._items += 1
-            return
-        self._add_ageing((self._aging * submit - entry.job.priority, entry.seq, token, entry))
-        if not self._capping:
-            self._items += 1
-            return
-        due_run = self._due_run
-        if not due_run or due_run[-1][0] <= submit:
-            due_run.append((submit, token, entry))
-        else:
-            heapq.heappush(self._due_heap, (submit, token, entry))
-        self._items += 2
-        if due < self._next_event:
-            self._next_event = due
+        if self._capping:
+            due_run = self._due_run
+            if due_run and due_run[-1][0] <= submit:  # _next_event is at most due_run[0]'s time
+                due_run.append((submit, token, entry))
+            else:
+                if due_run:
+                    heapq.heappush(self._due_heap, (submit, token, entry))
+                else:
+                    due_run.append((submit, token, entry))
+                due = submit + self._max_age
+                if due < self._next_event:
+                    self._next_event = due
 
     def _find(self, now: float) -> _Item[E] | None:
         """The next live item at `now` (hand-overs due by then done, stale heads dropped)."""
@@ -245,17 +238,12 @@ class PriorityAgingQueue(Generic[E]):
                 self._hand_over(now)
         members = self._members
         heap, run, frozen = self._heap, self._run, self._frozen
-        items = self._items
         while heap and members.get(heap[0][3].job_id) != heap[0][2]:
             heapq.heappop(heap)
-            items -= 1
         while run and members.get(run[0][3].job_id) != run[0][2]:
             run.popleft()
-            items -= 1
         while frozen and members.get(frozen[0][3].job_id) != frozen[0][2]:
             heapq.heappop(frozen)
-            items -= 1
-        self._items = items
         item: _Item[E] | None
         if heap and (not run or heap[0] < run[0]):
             item = heap[0]
@@ -279,39 +267,40 @@ class PriorityAgingQueue(Generic[E]):
         """Move the jobs whose submit_time has come to the ageing heap, and those that reached the
         cap to the frozen one; each gets a new token, so the item it leaves behind goes stale."""
         members = self._members
+        moved = 0
         wake = self._wake
         while wake and wake[0][0] <= now:
             submit, token, entry = heapq.heappop(wake)
-            self._items -= 1
             if members.get(entry.job_id) == token:
                 self._token += 1
                 members[entry.job_id] = self._token
-                self._start_ageing(entry, self._token, submit)
-        max_age = self._max_age
-        due_run, due_heap = self._due_run, self._due_heap
+                self._place(entry, self._token, submit)
+                moved += 1
         if self._capping:
-            frozen, gain = self._frozen, self._cap_gain
+            max_age = self._max_age
+            due_run, due_heap = self._due_run, self._due_heap
             capped: list[E] = []
             while due_run and (
                 due_run[0][0] + max_age <= now or members.get(due_run[0][2].job_id) != due_run[0][1]
             ):
                 _, token, entry = due_run.popleft()
-                self._items -= 1
                 if members.get(entry.job_id) == token:
                     capped.append(entry)
             while due_heap and (
                 due_heap[0][0] + max_age <= now or members.get(due_heap[0][2].job_id) != due_heap[0][1]
             ):
                 _, token, entry = heapq.heappop(due_heap)
-                self._items -= 1
                 if members.get(entry.job_id) == token:
                     capped.append(entry)
+            frozen, gain = self._frozen, self._cap_gain
             for entry in capped:
                 self._token += 1
                 members[entry.job_id] = self._token
                 heapq.heappush(frozen, (-(entry.job.priority + gain), entry.seq, self._token, entry))
-            self._items += len(capped)
+            moved += len(capped)
         self._reschedule()
+        if moved:
+            self._litter(moved)
 
     def _reschedule(self) -> None:
         nxt = self._wake[0][0] if self._wake else math.inf
@@ -321,8 +310,32 @@ class PriorityAgingQueue(Generic[E]):
             nxt = min(nxt, self._due_heap[0][0] + self._max_age)
         self._next_event = nxt
 
+    def _held(self) -> int:
+        return (
+            len(self._run)
+            + len(self._heap)
+            + len(self._frozen)
+            + len(self._due_run)
+            + len(self._due_heap)
+            + len(self._wake)
+        )
+
+    def _litter(self, events: int) -> None:
+        self._check_in -= events
+        if self._check_in <= 0:
+            self._check()
+
+    def _check(self) -> None:
+        """Compact when stale items outnumber the live ones (at most two each) by enough. Each
+        event leaves at most two stale items, and the next check comes after as many events as
+        there are live jobs, so what is held stays O(live + _SLACK), at O(1) amortised."""
+        live = len(self._members)
+        if self._held() > 4 * live + _SLACK:
+            self._compact()
+        self._check_in = max(1, live >> 1, _SLACK >> 1)
+
     def _compact(self) -> None:
-        """Drop every stale item: O(items), after at least as many went stale."""
+        """Drop every stale item: O(items held), after at least half of them went stale."""
         members = self._members
         self._head_item = None
         self._run = deque(it for it in self._run if members.get(it[3].job_id) == it[2])
@@ -335,12 +348,4 @@ class PriorityAgingQueue(Generic[E]):
         heapq.heapify(self._frozen)
         heapq.heapify(self._due_heap)
         heapq.heapify(self._wake)
-        self._items = (
-            len(self._run)
-            + len(self._heap)
-            + len(self._frozen)
-            + len(self._due_run)
-            + len(self._due_heap)
-            + len(self._wake)
-        )
         self._reschedule()
