@@ -53,6 +53,14 @@ class Resident:
     # The task's anti-affinity rules that have match labels: they repel tasks of other jobs too,
     # both ways (a task carrying the labels is not placed in this task's domain either).
     repels: tuple[AntiAffinity, ...] = ()
+    # Unit.standing: the effective priority the aging of its queue gave it, which it keeps against
+    # preemptors of that queue only (aging orders a queue; it says nothing across queues).
+    standing: int | None = None
+
+    def defends_with(self, queue: str) -> int:
+        """The priority this task keeps against a preemptor of `queue` (at least `priority`)."""
+        standing = self.standing
+        return self.priority if standing is None or queue != self.queue else standing
 
     @classmethod
     def for_task(
@@ -63,8 +71,7 @@ class Resident:
         start_time: float,
         standing: int | None = None,
     ) -> "Resident":
-        """The resident record of task `index` of `job` holding `gpus`; `standing` (Unit.standing)
-        is the priority it keeps against preemption in place of the job's own."""
+        """The resident record of task `index` of `job` holding `gpus`; `standing`: Unit.standing."""
         # Positional, in field order: four times quicker than keywords, and made once per task in
         # both the shard and the binder.
         group = job.group_of(index)
@@ -76,7 +83,7 @@ class Resident:
             req.memory,
             gpus,
             req.extended,
-            job.priority if standing is None else standing,
+            job.priority,
             job.preemptible,
             job.queue,
             job.tenant,
@@ -86,6 +93,7 @@ class Resident:
             job.min_member,
             job.disruption_budget,
             tuple(rule for rule in group.anti_affinity if rule.match_labels) if group.anti_affinity else (),
+            standing,
         )
 
 

@@ -85,6 +85,7 @@ class AdmissionConfig(BaseModel):
     max_pending_jobs: int = Field(default=1_000_000, ge=1)
     # Jobs of one tenant submitted and not yet ended, pending or running (Slurm's
     # MaxSubmitJobsPerUser): one tenant cannot fill the global pending limit alone. None: no limit.
+    # Jobs of queues no longer configured (kept apart at a restart, never scheduled) do not count.
     max_jobs_per_tenant: int | None = Field(default=None, ge=1)
     tenant_rate_per_s: float = Field(default=100_000.0, gt=0)  # token bucket refill
     tenant_burst: int = Field(default=1_000_000, ge=1)

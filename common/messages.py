@@ -57,9 +57,10 @@ class Unit:
     held: int = 0
     # The other guaranteed queues' floors: no eviction of this unit may take them below.
     floors: tuple[QueueFloor, ...] = ()
-    # The priority its tasks keep against preemption once bound, when above the job's own: its
-    # effective priority when dispatched from a priority queue with aging. Preemption compares the
-    # preemptor's own priority with it, so aging protects a job that waited without arming it.
+    # The priority its tasks keep once bound against preemptors of their queue, when above the
+    # job's own: its effective priority when dispatched from a priority queue with aging. The
+    # preemptor's own priority is compared with it, so aging protects a job that waited without
+    # arming it; other queues' preemptors see the job's own priority (aging orders one queue).
     standing: int | None = None
 
 

@@ -502,6 +502,17 @@ class Dispatcher:
         held, mm = rec.n_held, rec.job.min_member
         return mm - held if held < mm else 1
 
+    # -- what a reservation asks (reservation.RoomCheck) ------------------------------------------------
+    def could_cover(self, rec: JobRecord) -> bool:
+        idx = rec.pending_indexes()
+        need = rec.cost_of(idx[: self._need(rec)])
+        held = self.usage.usage("queue", rec.queue, "held").tolist()
+        unheld, _ = self.usage.room()
+        return all(n <= h + u for n, h, u in zip(need, held, unheld, strict=True))
+
+    def queue_holds(self, rec: JobRecord) -> bool:
+        return bool(self.usage.usage("queue", rec.queue, "held").any())
+
     def _claim_share(self, qi: int, cpu: int = 0, mem: int = 0, gpu: int = 0) -> float:
         """Queue qi's share for reclaim: what it holds and its reclaiming units in flight claim
         (see _claims), with `cpu, mem, gpu` more."""
@@ -749,7 +760,7 @@ class Dispatcher:
                 rec.unsched = True
                 if not rec.n_scheduled:
                     self._resolve(rec, now, backoff=True)
-                    self._reservations.on_unschedulable(rec, item.diagnosis, now)
+                    self._reservations.on_unschedulable(rec, item.diagnosis, now, self)
             if rec.where is PARKED and (item.settling or self._refused_near(rec.last_shard)):
                 # Parked just now (or by the reply, for a gang placed in part); the verdict may
                 # change once the shard's placements are answered: retry when the backoff ends.
@@ -1013,6 +1024,7 @@ class Dispatcher:
         if rec.where is not IDLE or rec.n_pending or rec.n_scheduled or rec.n_held:
             return
         del self._jobs[rec.job_id]
+        self._reservations.forget(rec.job_id)
         left = self._tenant_jobs[rec.tenant] - 1
         if left:
             self._tenant_jobs[rec.tenant] = left
@@ -1280,7 +1292,7 @@ class Dispatcher:
             capacity = self._capacity_note(rec)
             if capacity:
                 lines.append(capacity)
-            reservation = self._reservations.note(rec, self.clock())
+            reservation = self._reservations.note(rec, self.clock(), self._jobs, self._queues[rec.qi])
             if reservation:
                 lines.append(reservation)
         deadline = rec.job.deadline

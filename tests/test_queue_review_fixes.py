@@ -143,7 +143,13 @@ def starve(tmp_path: Path, queue: QueueConfig, big: str, rounds: int = 12) -> tu
         small()
     p.run_until_idle()
     job = make_job("big").queue(queue.name)
-    p.submit((job.cpu("1").replicas(4).min_member(4) if big == "gang" else job.cpu("2")).build())
+    if big == "gang":
+        job = job.cpu("1").replicas(4).min_member(4)
+    elif big == "gang6":
+        job = job.cpu("1").replicas(6).min_member(6)  # more than the cluster
+    else:
+        job = job.cpu("2")
+    p.submit(job.build())
     first_after = k + 1
     for _ in range(4):
         small()
@@ -174,8 +180,11 @@ def starve(tmp_path: Path, queue: QueueConfig, big: str, rounds: int = 12) -> tu
         (QueueConfig(name="q", reserve_after_s=None), "gang", False, 99),
         # too big for any node: waiting cannot help, so it must not hold the queue
         (QueueConfig(name="q", reserve_after_s=0), "huge", False, 99),
+        # a gang bigger than the cluster (the shards say "insufficient": they judge it with its
+        # own first tasks placed): the queue's room can never cover it
+        (QueueConfig(name="q", reserve_after_s=0), "gang6", False, 99),
     ],
-    ids=["fifo", "priority", "deadline", "off", "never-fits"],
+    ids=["fifo", "priority", "deadline", "off", "never-fits", "gang-past-the-cluster"],
 )
 def test_a_big_job_reserves_its_queue_after_waiting(
     queue: QueueConfig, big: str, big_runs: bool, most_smalls_started: int, tmp_path: Path
@@ -261,3 +270,45 @@ def test_an_aged_job_is_not_evicted_by_the_younger_jobs_it_overtook(
     assert evicted["low"] == evictions_of_low
     state = p.dispatcher.job_state("low").value if "low" in p.dispatcher else "succeeded"
     assert state == ("succeeded" if aging_per_s else "pending")
+
+
+def test_an_aged_jobs_standing_counts_against_its_own_queue_only(tmp_path: Path) -> None:
+    clock = Clock(1_000_000.0)
+    queues = [QueueConfig(name="batch", policy=QueuePolicy.PRIORITY), QueueConfig(name="prod")]
+    p = pipeline(tmp_path, cpus(1), queues, clock)
+    p.submit(make_job("blocker").cpu("1").queue("batch").priority(1000).preemptible(False).build())
+    p.run_until_idle()
+    p.submit(make_job("low").cpu("1").queue("batch").priority(0).build())
+    clock.advance(3600)  # aged to 3600 in batch
+    p.complete(["blocker/0"])
+    p.run_until_idle()
+    assert sorted(p.binder.state.task_row) == ["low/0"]
+    p.submit(make_job("mid").cpu("1").queue("batch").priority(50).build())  # overtaken: may not evict
+    p.submit(make_job("urgent").cpu("1").queue("prod").priority(1000).build())  # another queue: may
+    for _ in range(3):
+        p.run_until_idle()
+        clock.advance(10)
+    assert sorted(p.binder.state.task_row) == ["urgent/0"]
+    assert p.dispatcher.job_state("mid").value == "pending"
+
+
+def test_a_reservation_does_not_hold_a_queue_whose_room_other_queues_borrow(tmp_path: Path) -> None:
+    """The reservation gathers what its own queue frees; a queue holding nothing would gain nothing
+    and lose every slot to the borrowers (review finding): its small jobs still run."""
+    clock = Clock(1_000_000.0)
+    p = pipeline(tmp_path, cpus(10), [QueueConfig(name="a", reserve_after_s=0), QueueConfig(name="b")], clock)
+    p.submit_many([make_job(f"b{i}").cpu("1").queue("b").build() for i in range(300)])
+    p.run_until_idle()
+    p.submit(make_job("gang").cpu("1").replicas(6).min_member(6).queue("a").build())
+    p.run_until_idle()
+    clock.advance(61)
+    p.run_until_idle()
+    p.submit_many([make_job(f"a{i}").cpu("1").queue("a").build() for i in range(10)])
+    for _ in range(10):
+        p.run_until_idle()
+        clock.advance(61)
+        running = sorted(t for t in p.binder.state.task_row if t.startswith("b"))
+        p.complete(running[:3])
+        p.run_until_idle()
+    assert held_by_queue(p)["a"] >= 5  # the queue with the smaller share is served
+    assert "queued behind job gang" not in p.dispatcher.explain("a9")

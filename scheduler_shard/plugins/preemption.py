@@ -47,7 +47,11 @@ class PriorityVictims(VictimSearchingPlugin):
     name = "priority_victims"
 
     def eligible(self, unit: Unit, victim: Resident) -> bool:
-        return victim.preemptible and victim.priority < unit.job.priority and victim.job_id != unit.job.id
+        job = unit.job
+        # victim.priority <= defends_with: min_victim_priority below stays a valid bound.
+        if not victim.preemptible or victim.job_id == job.id:
+            return False
+        return victim.defends_with(job.queue) < job.priority
 
     def rows_with_victims(self, unit: Unit, state: ClusterArrays) -> Mask | None:
         return state.min_victim_priority[: state.n] < unit.job.priority
