@@ -6,8 +6,7 @@ that ask for them run there as far as the counts go, and the next one waits, say
 import json
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,22 +22,13 @@ from gosched.cli.exits import ExitCode
 from gosched.cli.main import app
 from gosched.common.spec import job_from_spec
 from gosched.common.states import JobState, TaskState
+from tests.polling import wait_for
 from tests.test_agent_gateway import GOSCHED, start_master
 
 T = TypeVar("T")
 FPGA = "example.com/fpga"
 
 
-def wait_for(what: str, probe: Callable[[], T], timeout: float = 15.0) -> T:
-    """Poll `probe` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 # == the flag =========================================================================================

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -33,6 +33,7 @@ from gosched.agent.runner import AgentRunner, NodeNameTaken, WorkDirBusy
 from gosched.cli.agent_cmd import parse_labels, parse_taints
 from gosched.common.node import RUNTIME_LABEL, Taint, TaintEffect
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from tests.polling import wait_for
 from tests.test_agent_discovery import FakeNvml
 
 T = TypeVar("T")
@@ -43,16 +44,6 @@ HEARTBEAT_S = 0.2
 GOSCHED = Path(sys.executable).parent / "gosched"
 
 
-def wait_for(what: str, probe: Callable[[], T], timeout: float = 5.0) -> T:
-    """Poll `probe` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
