@@ -109,6 +109,14 @@ class Proposal:
     standing: int | None = None  # as in Unit: what the bound tasks' residents carry as priority
 
 
+# Diagnosis reasons that busy nodes may lift once their tasks end, which the dispatcher reads (a
+# reservation is worth holding only for them): the shard's resources_fit says "insufficient cpu"
+# and the like of a busy node ("node too small for cpu" of one that never fits), and its gang check
+# says GANG_APART_REASON of nodes that pass every filter alone.
+BUSY_REASON_PREFIX = "insufficient "
+GANG_APART_REASON = "gang does not fit together"
+
+
 @fast_pickle
 @dataclass(slots=True)
 class Diagnosis:

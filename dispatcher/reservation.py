@@ -25,20 +25,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gosched.common.config import QueueConfig
-from gosched.common.messages import Diagnosis
+from gosched.common.messages import BUSY_REASON_PREFIX, GANG_APART_REASON, Diagnosis
 from gosched.dispatcher.records import QUEUED, JobRecord
-
-# Reasons the shards give that busy nodes may lift once their tasks end (scheduler_shard's
-# resources_fit and its gang check); "node too small ..." and the like never change by waiting.
-BUSY_PREFIX = "insufficient "
-GANG_APART = "gang does not fit together"
 
 
 def room_may_come(diagnosis: Diagnosis | None) -> bool:
     """Whether some node was ruled out only by what runs on it now."""
     if diagnosis is None:
         return False
-    return any(reason.startswith(BUSY_PREFIX) or reason == GANG_APART for reason in diagnosis.ruled_out)
+    return any(
+        reason.startswith(BUSY_REASON_PREFIX) or reason == GANG_APART_REASON for reason in diagnosis.ruled_out
+    )
 
 
 class Reservations:
@@ -108,9 +105,6 @@ class Reservations:
     def forget(self, job_id: str) -> None:
         """The job has ended: drop what is kept of it."""
         self.futile.discard(job_id)
-
-    def holder(self, qi: int) -> JobRecord | None:
-        return self.held[qi]
 
     def note(self, rec: JobRecord, now: float, live: Mapping[str, JobRecord], queue: Any) -> str:
         """For explain: the reservation that holds `rec` back, or that `rec` holds."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
-from gosched.common.messages import Diagnosis
+from gosched.common.messages import GANG_APART_REASON, Diagnosis
 from gosched.scheduler_shard.framework.interfaces import Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
@@ -50,5 +50,5 @@ def diagnose(
             remaining &= ~hit
     if remaining.any():
         # Nodes that pass each filter alone but not the unit as a whole (the gang did not fit).
-        counts["gang does not fit together"] = int(np.count_nonzero(remaining))
+        counts[GANG_APART_REASON] = int(np.count_nonzero(remaining))
     return Diagnosis(total_nodes=int(alive.sum()), ruled_out=counts, note=note)
