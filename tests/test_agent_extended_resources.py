@@ -4,7 +4,6 @@ the job spec's own name rule; the agent registers them with its node, again afte
 that ask for them run there as far as the counts go, and the next one waits, saying for what."""
 
 import json
-import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from gosched.cli.exits import ExitCode
 from gosched.cli.main import app
 from gosched.common.spec import job_from_spec
 from gosched.common.states import JobState, TaskState
-from tests.polling import wait_for
+from tests.polling import stop_process, wait_for
 from tests.test_agent_gateway import GOSCHED, start_master
 
 T = TypeVar("T")
@@ -145,13 +144,7 @@ def agent_process(target: str, name: str, work_dir: Path, *more: str) -> Iterato
     try:
         yield proc
     finally:
-        if proc.poll() is None:  # SIGTERM: it kills its tasks and goes
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(proc, 15)
 
 
 def fpga_job(job_id: str, replicas: int = 1) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from gosched.agent.runner import AgentRunner, NodeNameTaken, WorkDirBusy
 from gosched.cli.agent_cmd import parse_labels, parse_taints
 from gosched.common.node import RUNTIME_LABEL, Taint, TaintEffect
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, types_pb2
-from tests.polling import wait_for
+from tests.polling import stop_process, wait_for
 from tests.test_agent_discovery import FakeNvml
 
 T = TypeVar("T")
@@ -634,13 +634,7 @@ def agent_process(master: str, work_dir: Path, *args: str) -> Iterator[subproces
     try:
         yield proc
     finally:
-        if proc.poll() is None:  # the test failed: stop the agent (and so its tasks) the proper way
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        proc.wait(10)
+        stop_process(proc, 10)  # still running: the test failed; stop the agent and its tasks
 
 
 def kill_groups(pids: list[int], since: float) -> None:
