@@ -248,8 +248,10 @@ def _tuple_codec(args: tuple[Any, ...]) -> tuple[Encoder | None, Decoder | None]
 
 
 # == registration ==================================================================================
-def register_dataclass(cls: type[T], tag: int) -> type[T]:
-    """Give dataclass `cls` the wire tag `tag` (>= 16, never reused) and build its codec."""
+def register_dataclass(cls: type[T], tag: int, *, memo: bool = False) -> type[T]:
+    """Give dataclass `cls` the wire tag `tag` (>= 16, never reused) and build its codec; with
+    `memo`, the encodings of the latest objects are kept (for a frozen class whose objects are
+    shared, see _memoized)."""
     if not _is_dataclass_type(cls):
         raise TypeError(f"{cls.__name__} is not a dataclass")
     if tag < _FIRST_DATACLASS_TAG or tag in _decoders or cls in _encoders:
@@ -282,9 +284,32 @@ def register_dataclass(cls: type[T], tag: int) -> type[T]:
                 values[i] = dec(values[i])
         return cls(*values)
 
-    _encoders[cls] = encode_one
+    _encoders[cls] = _memoized(encode_one) if memo else encode_one
     _decoders[tag] = decode_one
     return cls
+
+
+_MEMO_MAX = 4096  # objects whose encoding one memo keeps; past that it starts afresh
+
+
+def _memoized(encode_one: Encoder) -> Encoder:
+    """`encode_one`, remembering the encoding of the latest objects by identity. For a class
+    whose objects are shared (the dispatcher interns task groups), each job stored encodes its
+    groups once per group, not once per job. The object is kept beside its encoding so that its
+    id cannot be reused while the entry lives; the objects are frozen, so the encoding holds."""
+    memo: dict[int, tuple[Any, Any]] = {}
+
+    def encode_memo(obj: Any) -> Any:
+        hit = memo.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        out = encode_one(obj)
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[id(obj)] = (obj, out)
+        return out
+
+    return encode_memo
 
 
 def register_enum(cls: type[enum.Enum], tag: int) -> None:
@@ -330,7 +355,7 @@ for _tag, _cls in {
     45: AcceptedUnit,
     46: QueueFloor,
 }.items():
-    register_dataclass(_cls, _tag)
+    register_dataclass(_cls, _tag, memo=_cls is TaskGroup)
 
 for _tag, _enum_cls in {
     1: SelectorOp,

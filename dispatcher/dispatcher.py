@@ -44,6 +44,7 @@ from dataclasses import replace
 
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
+from gosched.common.fast_pickle import replaced
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.messages import BindReply, QueueFloor, RejectedUnit, Unit, UnitBatch, Unschedulable
 from gosched.common.snapshots import JobSnapshot
@@ -194,7 +195,7 @@ class Dispatcher:
             if job.submit_time != now:
                 # The dispatcher's clock, whatever a client gave: aging reads it, and a backdated
                 # time would jump the queue past any priority.
-                job = replace(job, submit_time=now)
+                job = replaced(job, submit_time=now)
             new.append(self._group_interner.intern(job))
             ids.append(job.id)
         if not new:

@@ -5,8 +5,7 @@ exactly the same thing. Sharing one object per distinct group keeps the pending 
 a batch of units pickles each shared group once (pickle's memo) instead of once per unit.
 """
 
-from dataclasses import replace
-
+from gosched.common.fast_pickle import replaced
 from gosched.common.job import Job, TaskGroup
 
 MAX_GROUPS = 65_536  # distinct groups remembered; past that the table starts afresh
@@ -25,7 +24,7 @@ class GroupInterner:
         groups = tuple(table.setdefault(g, g) for g in job.groups)
         if all(a is b for a, b in zip(groups, job.groups, strict=True)):
             return job
-        return replace(job, groups=groups)
+        return replaced(job, groups=groups)
 
     def __len__(self) -> int:
         return len(self._groups)

@@ -73,9 +73,10 @@ class JobRecord:
         self.seq = seq
         self.qi = qi
         self.states = states
-        self.n_pending = sum(1 for s in states if s is TaskState.PENDING)
-        self.n_scheduled = sum(1 for s in states if s is TaskState.SCHEDULED)
-        self.n_held = sum(1 for s in states if s in HOLDS_RESOURCES)
+        # list.count runs in C: a new job's record is made once per submission
+        self.n_pending = states.count(TaskState.PENDING)
+        self.n_scheduled = states.count(TaskState.SCHEDULED)
+        self.n_held = sum(map(states.count, HOLDS_RESOURCES))
         groups = job.groups
         if len(groups) == 1:
             r = groups[0].resources

@@ -451,3 +451,18 @@ def test_message_round_trip_generated(message: object) -> None:
 )
 def test_plain_data_round_trip_generated(value: object) -> None:
     assert _same(decode(encode(value)), value)
+
+
+def test_a_shared_group_encodes_as_a_fresh_one_would() -> None:
+    # The codec remembers the encoding of shared task groups by identity (the dispatcher interns
+    # them): the bytes must not depend on whether the group was seen before, nor leak from an
+    # equal-looking but different group.
+    first = make_job("a").cpu("2").gpus(1).replicas(2).build()
+    shared = dataclasses.replace(first, id="b")  # the same group object
+    other = make_job("c").cpu("3").gpus(1).replicas(2).build()
+    fresh = [encode_job(j) for j in (first, shared, other)]
+    again = [encode_job(j) for j in (first, shared, other)]
+    assert again == fresh
+    assert decode_job(again[1]) == shared and decode_job(again[2]) == other
+    rebuilt = dataclasses.replace(shared, groups=tuple(dataclasses.replace(g) for g in shared.groups))
+    assert encode_job(rebuilt) == again[1]  # equal groups, other objects: same bytes

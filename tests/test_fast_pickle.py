@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gosched.common.fast_pickle import _rebuild, fast_pickle
+from gosched.common.fast_pickle import _rebuild, fast_pickle, replaced
 from gosched.common.job import Job
 from gosched.common.resources import ResourceRequest
 from tests.builders import make_job
@@ -113,3 +113,28 @@ def test_a_frozen_class_pickled_by_value_loads_in_a_fresh_process(tmp_path: Path
     loader = "import pickle, sys; print([(p.x, p.y) for p in pickle.loads(sys.stdin.buffer.read())])"
     out = subprocess.run([sys.executable, "-c", loader], input=data, capture_output=True, check=True)
     assert out.stdout.decode().strip() == "[(1, 'a'), (2, 'b')]"
+
+
+@pytest.mark.parametrize(
+    ("original", "changes"),
+    [
+        (make_job("j").cpu("2").gpus(1).labels(team="a").build(), {"submit_time": 12.5}),
+        (make_job("j").replicas(3).priority(7).build(), {"priority": 9, "queue": "q2"}),
+        (FrozenPoint(1, (2,)), {"y": (3, 4)}),
+        (MutableBox([1]), {"items": [2]}),
+    ],
+)
+def test_replaced_is_dataclasses_replace(original: object, changes: dict[str, object]) -> None:
+    got = replaced(original, **changes)
+    want = dataclasses.replace(original, **changes)  # type: ignore[type-var]
+    assert type(got) is type(want) and got == want
+    assert dataclasses.astuple(got) == dataclasses.astuple(want)  # type: ignore[arg-type]
+    assert got is not original
+
+
+def test_replaced_runs_post_init_and_refuses_unknown_fields() -> None:
+    seen: list[int] = []
+    copy = replaced(FrozenWithPostInit(1, seen), value=2)
+    assert copy.value == 2 and seen == [1, 2]  # the copy checked itself, as replace does
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        replaced(FrozenPoint(1, ()), nope=3)
