@@ -8,6 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 # gRPC's C core logs an INFO line each time Ray forks a worker while gRPC threads run; a person at
 # a terminal needs errors only (set GRPC_VERBOSITY to see more).
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# With fork support on, grpcio starts a poller thread in each child Ray forks for its daemons while
+# our gRPC server runs; subprocess closes its fd before exec and about one child in a hundred (the
+# raylet, the GCS) aborts, leaving a 30 s wait per try (grpc/grpc#43055). Nothing of ours uses gRPC
+# in a forked child. Read when grpc is imported, so it is set before any import that loads grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import typer
 

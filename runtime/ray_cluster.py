@@ -26,6 +26,7 @@ Failures:
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -33,6 +34,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psutil
 import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -167,13 +169,48 @@ def _join_failure(address: str | None, exc: BaseException) -> str:
     return f"cannot join the Ray cluster at {address}: {describe_error(exc)}"
 
 
+def _ray_children() -> dict[int, psutil.Process]:
+    """This process's children that run Ray's own programs (GCS, raylet, monitors, dashboard)."""
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
+    found: dict[int, psutil.Process] = {}
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if any(arg.startswith(ray_dir) for arg in child.cmdline()):
+                found[child.pid] = child
+    return found
+
+
+def _stop_half_started(before: dict[int, psutil.Process]) -> None:
+    """Kill what a failed local start left running. ray.shutdown() knows nothing of a node whose
+    start raised (ray.init had not kept it yet): its GCS, monitor, dashboard and log monitor went
+    on through the next tries, a minute and more, on a machine of two cores."""
+    procs: list[psutil.Process] = []
+    for pid, child in _ray_children().items():
+        if pid in before:
+            continue
+        with contextlib.suppress(psutil.Error):
+            procs.extend(child.children(recursive=True))  # the raylet's agents and workers
+        procs.append(child)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=5.0)
+
+
 def _start_ray(address: str | None, **options: Any) -> None:
     """ray.init, tried again after a start-up that timed out; `options` go to a local start. An
     address is checked first (RayUnreachable within seconds, not a wait without end); a failure
-    is raised as RayJoinFailed, whose message names its cause on one line."""
+    is raised as RayJoinFailed, whose message names its cause on one line.
+
+    A local start that failed is cleaned up before the next try. One cause of such failures: gRPC
+    (a server or channel in this process, fork support on) starts a poller thread in each child Ray
+    forks, whose epoll fd subprocess closes before exec; the child, to be the raylet or the GCS,
+    aborts (grpc/grpc#43055) and Ray waits 30 s for it. GRPC_ENABLE_FORK_SUPPORT=false, set before
+    grpc is imported, prevents that."""
     if address is not None:
         _check_reachable(address)
     for attempt in range(1, RAY_START_TRIES + 1):
+        before = _ray_children() if address is None else {}
         try:
             if address is None:
                 ray.init(**{"include_dashboard": False, "logging_level": logging.WARNING, **options})
@@ -181,11 +218,13 @@ def _start_ray(address: str | None, **options: Any) -> None:
                 ray.init(address=address, logging_level=logging.WARNING)
             return
         except Exception as exc:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if address is None:
+                _stop_half_started(before)
             if attempt == RAY_START_TRIES or "timed out" not in str(exc).lower():
                 raise RayJoinFailed(_join_failure(address, exc)) from exc
             logging.getLogger(__name__).warning("Ray did not start (%s); trying again", exc)
-            with contextlib.suppress(Exception):
-                ray.shutdown()
             time.sleep(1.0)
 
 
