@@ -130,9 +130,10 @@ _FIELD_INDEX: dict[type, dict[str, int]] = {}
 
 
 def replaced(obj: T, **changes: Any) -> T:
-    """dataclasses.replace(obj, **changes) for a class whose fields all go to __init__, at a
-    third of its cost: the values are read with one attrgetter and the copy is made as
-    objects_from makes one (so a class with __post_init__ still checks itself)."""
+    """dataclasses.replace(obj, **changes) for a class whose fields all go to __init__, at under
+    half its cost (1.5 against 3.5 us for a Job): the values are read with one attrgetter and
+    the copy is made as objects_from makes one (so a class with __post_init__ still checks
+    itself)."""
     cls = type(obj)
     index = _FIELD_INDEX.get(cls)
     if index is None:
