@@ -1,13 +1,10 @@
 """Queue policies: fifo, priority with aging, drf, weighted fair share, deadline."""
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gosched.common.config import QueueConfig, QueuePolicy
-from gosched.common.job import Job
 from gosched.dispatcher.queues import (
     DeadlineQueue,
     DrfQueue,
@@ -19,21 +16,7 @@ from gosched.dispatcher.queues import (
 from gosched.dispatcher.queues.base import HeapQueue
 from gosched.dispatcher.usage import UsageTracker
 from tests.builders import make_job
-from tests.test_dispatcher_support import CPU, GI, accept, dispatcher, job_ids, reject, units
-
-
-@dataclass
-class Entry:
-    job: Job
-    seq: int
-
-    @property
-    def job_id(self) -> str:
-        return self.job.id
-
-
-def entries(*jobs: Job) -> list[Entry]:
-    return [Entry(j, seq) for seq, j in enumerate(jobs)]
+from tests.test_dispatcher_support import CPU, GI, Entry, accept, dispatcher, entries, job_ids, reject, units
 
 
 def drain_ids(q) -> list[str]:

@@ -1,8 +1,10 @@
 """Helpers shared by the dispatcher tests (this module holds no tests itself)."""
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from gosched.common.config import AdmissionConfig, QueueConfig, Settings
+from gosched.common.job import Job
 from gosched.common.messages import (
     AcceptedUnit,
     BindReply,
@@ -19,6 +21,22 @@ from gosched.dispatcher.store import JobStore
 
 CPU = 1000  # milli per core
 GI = 1024**3
+
+
+@dataclass
+class Entry:
+    """What a policy queue holds, as the dispatcher's JobRecord offers it: the job and its order."""
+
+    job: Job
+    seq: int
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+
+def entries(*jobs: Job) -> list[Entry]:
+    return [Entry(j, seq) for seq, j in enumerate(jobs)]
 
 
 class Clock:

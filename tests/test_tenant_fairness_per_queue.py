@@ -20,25 +20,14 @@ from gosched.dispatcher.queues import DrfQueue, FairShareQueue, TenantShareQueue
 from gosched.dispatcher.usage import Part, UsageTracker
 from gosched.runtime.pipeline import Pipeline
 from tests.builders import make_job, make_node
+from tests.test_dispatcher_support import CPU, GI, Entry, entries
 
-CPU = 1000
-GI = 1024**3
 DRF, FAIR, FIFO = QueuePolicy.DRF, QueuePolicy.FAIR, QueuePolicy.FIFO
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-@dataclass
-class _Entry:
-    job: Job
-    seq: int
-
-    @property
-    def job_id(self) -> str:
-        return self.job.id
-
-
-def _entries(*tenants: str) -> list[_Entry]:
-    return [_Entry(make_job(f"{t}{i}").tenant(t).build(), i) for i, t in enumerate(tenants)]
+def _entries(*tenants: str) -> list[Entry]:
+    return entries(*(make_job(f"{t}{i}").tenant(t).build() for i, t in enumerate(tenants)))
 
 
 # -- through the in-process pipeline ------------------------------------------------------------------
@@ -117,7 +106,7 @@ def test_a_tenant_fair_queue_splits_its_slots_by_usage_within_it(tmp_path: Path,
 def test_a_fair_queue_ignores_usage_elsewhere_and_follows_its_own() -> None:
     usage = UsageTracker()
     usage.set_capacity(100 * CPU, 0, 0)
-    q: DrfQueue[_Entry] = make_queue(QueueConfig(name="research", policy=DRF), usage)
+    q: DrfQueue[Entry] = make_queue(QueueConfig(name="research", policy=DRF), usage)
     assert isinstance(q, DrfQueue) and q.queue == "research"
     for e in _entries("a", "b", "a", "b"):
         q.push(e)
@@ -130,7 +119,7 @@ def test_a_fair_queue_ignores_usage_elsewhere_and_follows_its_own() -> None:
 
 
 @pytest.mark.parametrize("cls", [DrfQueue, FairShareQueue])
-def test_an_unnamed_tenant_queue_ranks_by_usage_over_every_queue(cls: type[TenantShareQueue[_Entry]]) -> None:
+def test_an_unnamed_tenant_queue_ranks_by_usage_over_every_queue(cls: type[TenantShareQueue[Entry]]) -> None:
     usage = UsageTracker()
     usage.set_capacity(100 * CPU, 100 * GI, 0)
     q = cls(usage)
