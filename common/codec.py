@@ -23,7 +23,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -71,6 +71,7 @@ __all__ = [
     "decode_node",
     "encode",
     "encode_job",
+    "encode_many",
     "encode_node",
     "register_dataclass",
     "register_enum",
@@ -377,6 +378,19 @@ def encode(obj: object) -> bytes:
         if isinstance(exc, CodecError):
             raise
         raise CodecError(f"cannot encode {type(obj).__name__}: {exc}") from exc
+
+
+def encode_many(objs: Iterable[object]) -> list[bytes]:
+    """[encode(obj) for obj in objs], with one packer for them all: making a packer is about
+    half of what packing a job costs (the store encodes every job submitted)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pack = packer.pack
+    try:
+        return [pack(_encode_any(obj)) for obj in objs]
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, CodecError):
+            raise
+        raise CodecError(f"cannot encode: {exc}") from exc
 
 
 def decode(data: bytes) -> object:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, Self
 
-from gosched.common.codec import decode, decode_job, encode, encode_job
+from gosched.common.codec import decode, decode_job, encode, encode_many
 from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id, task_id
 from gosched.common.node import Node
@@ -80,7 +80,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     updated  REAL NOT NULL,
     reason   TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks (job_id, idx);
+-- No index on (job_id, idx): each one written is a B-tree insert per task submitted, and what
+-- reads tasks by job scans the table anyway (load_jobs, load_bound) or finds its row by task_id.
+DROP INDEX IF EXISTS tasks_by_job;
 CREATE TABLE IF NOT EXISTS nodes (
     name  TEXT PRIMARY KEY,
     spec  BLOB NOT NULL,
@@ -91,6 +93,8 @@ CREATE TABLE IF NOT EXISTS nodes (
 
 _INSERT_JOB = "INSERT INTO jobs (id, submission_id, spec, submit_time, state) VALUES (?, ?, ?, ?, ?)"
 _INSERT_TASK = "INSERT INTO tasks (task_id, job_id, idx, state, updated) VALUES (?, ?, ?, ?, ?)"
+JobRow = tuple[str, str | None, bytes, float, str]  # _INSERT_JOB's values
+TaskInsert = tuple[str, str, int, str, float]  # _INSERT_TASK's values
 
 
 def _from_states(target: TaskState) -> str:
@@ -139,11 +143,12 @@ ON CONFLICT (job_id, idx) DO UPDATE SET
     last_time = excluded.last_time, node = excluded.node, noted = excluded.noted
 WHERE excluded.attempt >= task_restarts.attempt
 """
-# Rows whose task has moved on to a later attempt (or is not stored): never current again.
+# Rows whose task has moved on to a later attempt (or is not stored): never current again. The
+# task's row is found by its key, task_id "job/index" (common.job.task_id).
 _PRUNE_RESTARTS = """
 DELETE FROM task_restarts WHERE NOT EXISTS (
     SELECT 1 FROM tasks t
-    WHERE t.job_id = task_restarts.job_id AND t.idx = task_restarts.idx AND t.attempt = task_restarts.attempt
+    WHERE t.task_id = task_restarts.job_id || '/' || task_restarts.idx AND t.attempt = task_restarts.attempt
 )
 """
 _CHUNK = 500  # ids per "IN (...)" query, below SQLite's host-parameter limit
@@ -307,9 +312,10 @@ class Store:
         if not jobs:
             return
         t = time.time() if now is None else now
+        job_rows, task_rows = self._job_rows(jobs, t)
         try:
             with self._tx() as c:
-                self._insert_jobs(c, jobs, t, if_missing=False)
+                self._insert_rows(c, job_rows, task_rows, if_missing=False)
         except sqlite3.IntegrityError as exc:
             field, why, job_id = self._conflicts(jobs) or ("id", str(exc), "")
             raise AlreadyStored(field, f"cannot store jobs: {why}", job_id) from exc
@@ -333,23 +339,32 @@ class Store:
     @staticmethod
     def _insert_jobs(c: sqlite3.Connection, jobs: Sequence[Job], t: float, *, if_missing: bool) -> None:
         """Job rows and their pending task rows; with if_missing, rows already there are kept."""
+        Store._insert_rows(c, *Store._job_rows(jobs, t), if_missing=if_missing)
+
+    @staticmethod
+    def _job_rows(jobs: Sequence[Job], t: float) -> tuple[list[JobRow], list[TaskInsert]]:
+        """The rows _insert_rows writes for new jobs: made before the transaction, so that the
+        write lock (which the binder's writer waits on) is not held while the specs are encoded."""
+        job_state, task_state = JobState.PENDING.value, TaskState.PENDING.value
+        job_rows = [
+            (j.id, j.submission_id or None, spec, j.submit_time, job_state)
+            for j, spec in zip(jobs, encode_many(jobs), strict=True)
+        ]
+        task_rows = [
+            (task_id(jid, i), jid, i, task_state, t)
+            for jid, n in [(j.id, j.total_replicas) for j in jobs]
+            for i in range(n)
+        ]
+        return job_rows, task_rows
+
+    @staticmethod
+    def _insert_rows(
+        c: sqlite3.Connection, job_rows: list[JobRow], task_rows: list[TaskInsert], *, if_missing: bool
+    ) -> None:
         job_sql = _INSERT_JOB.replace("INSERT", "INSERT OR IGNORE") if if_missing else _INSERT_JOB
         task_sql = _INSERT_TASK.replace("INSERT", "INSERT OR IGNORE") if if_missing else _INSERT_TASK
-        c.executemany(
-            job_sql,
-            [
-                (j.id, j.submission_id or None, encode_job(j), j.submit_time, JobState.PENDING.value)
-                for j in jobs
-            ],
-        )
-        c.executemany(
-            task_sql,
-            [
-                (task_id(j.id, i), j.id, i, TaskState.PENDING.value, t)
-                for j in jobs
-                for i in range(j.total_replicas)
-            ],
-        )
+        c.executemany(job_sql, job_rows)
+        c.executemany(task_sql, task_rows)
 
     def find_submission(self, submission_id: str) -> str | None:
         """The id of the job stored under `submission_id`, None if there is none."""

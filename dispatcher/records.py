@@ -65,7 +65,11 @@ class JobRecord:
         "where",
     )
 
-    def __init__(self, job: Job, seq: int, qi: int, states: list[TaskState]) -> None:
+    def __init__(
+        self, job: Job, seq: int, qi: int, states: list[TaskState], *, n_pending: int | None = None
+    ) -> None:
+        """`n_pending`: given (len(states)) when every task is pending, as at submission: the
+        counts are then known without reading the states."""
         self.job = job
         self.job_id = job.id
         self.queue = job.queue
@@ -73,10 +77,13 @@ class JobRecord:
         self.seq = seq
         self.qi = qi
         self.states = states
-        # list.count runs in C: a new job's record is made once per submission
-        self.n_pending = states.count(TaskState.PENDING)
-        self.n_scheduled = states.count(TaskState.SCHEDULED)
-        self.n_held = sum(map(states.count, HOLDS_RESOURCES))
+        if n_pending is None:
+            self.n_pending = states.count(PENDING)  # list.count runs in C
+            self.n_scheduled = states.count(TaskState.SCHEDULED)
+            self.n_held = sum(map(states.count, HOLDS_RESOURCES))
+        else:
+            self.n_pending = n_pending
+            self.n_scheduled = self.n_held = 0
         groups = job.groups
         if len(groups) == 1:
             r = groups[0].resources

@@ -21,6 +21,7 @@ from gosched.common.codec import (
     decode_node,
     encode,
     encode_job,
+    encode_many,
     encode_node,
 )
 from gosched.common.job import (
@@ -466,3 +467,16 @@ def test_a_shared_group_encodes_as_a_fresh_one_would() -> None:
     assert decode_job(again[1]) == shared and decode_job(again[2]) == other
     rebuilt = dataclasses.replace(shared, groups=tuple(dataclasses.replace(g) for g in shared.groups))
     assert encode_job(rebuilt) == again[1]  # equal groups, other objects: same bytes
+
+
+def test_encode_many_gives_the_bytes_encode_gives_each() -> None:
+    # One packer for a whole batch (the store encodes every job submitted): no state of one
+    # object's packing may reach the next one's bytes.
+    jobs = [make_job(f"j{i}").cpu(str(i + 1)).replicas(i + 1).build() for i in range(3)]
+    values: list[object] = [*jobs, jobs[0], {"a": (1, 2)}, [frozenset({"x"})], JobState.RUNNING, None]
+    assert encode_many(values) == [encode(v) for v in values]
+    assert encode_many([]) == []
+    with pytest.raises(CodecError):
+        encode_many([jobs[0], object()])
+    with pytest.raises(CodecError):
+        encode_many([2**70])  # msgpack's own refusal, as encode reports it

@@ -273,3 +273,48 @@ def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path: Path) -> 
             p.join()
         failures += [o for o in outcomes if o != "ok"]
     assert failures == []
+
+
+def test_add_jobs_writes_its_rows_and_encodes_before_taking_the_write_lock(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gosched.common.store as store_module
+
+    encode_many = store_module.encode_many
+    in_tx: list[bool] = []
+    with Store(db) as s:
+
+        def watched(jobs: Any) -> list[bytes]:
+            in_tx.append(s._conn.in_transaction)
+            return encode_many(jobs)
+
+        monkeypatch.setattr(store_module, "encode_many", watched)
+        jobs = [rich_job("a", submission="sub-a"), make_job("b").cpu("1").build()]
+        s.add_jobs(jobs, now=7.0)
+        assert in_tx == [False]  # the binder's writer waits on that lock: no encoding under it
+        rows = s._conn.execute(
+            "SELECT id, submission_id, submit_time, state FROM jobs ORDER BY rowid"
+        ).fetchall()
+        assert rows == [("a", "sub-a", 99.0, "pending"), ("b", None, 0.0, "pending")]
+        tasks = s._conn.execute("SELECT task_id, job_id, idx, state, updated FROM tasks ORDER BY job_id, idx")
+        assert tasks.fetchall() == [
+            *((f"a/{i}", "a", i, "pending", 7.0) for i in range(5)),
+            ("b/0", "b", 0, "pending", 7.0),
+        ]
+        assert [job for job, _ in s.load_jobs()] == jobs
+
+
+def test_tasks_have_no_index_by_job_and_restart_rows_find_theirs_by_key(db: Path) -> None:
+    # Each index on tasks is one more B-tree insert per task submitted; nothing reads through
+    # (job_id, idx) but the pruning of restart rows, which finds its task by task_id instead.
+    with Store(db) as s:
+        s._conn.execute("CREATE INDEX tasks_by_job ON tasks (job_id, idx)")  # as stores before had
+    with Store(db) as s:
+        indexes = s._conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'"
+        )
+        assert [name for (name,) in indexes] == []
+        from gosched.common.store import _PRUNE_RESTARTS
+
+        plan = " ".join(str(row[-1]) for row in s._conn.execute("EXPLAIN QUERY PLAN " + _PRUNE_RESTARTS))
+        assert "SEARCH t USING PRIMARY KEY (task_id=?)" in plan
