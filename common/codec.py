@@ -23,7 +23,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -380,17 +380,15 @@ def encode(obj: object) -> bytes:
         raise CodecError(f"cannot encode {type(obj).__name__}: {exc}") from exc
 
 
-def encode_many(objs: Iterable[object]) -> list[bytes]:
+def encode_many(objs: Sequence[object]) -> list[bytes]:
     """[encode(obj) for obj in objs], with one packer for them all: making a packer is about
     half of what packing a job costs (the store encodes every job submitted)."""
-    packer = msgpack.Packer(use_bin_type=True)
-    pack = packer.pack
+    pack = msgpack.Packer(use_bin_type=True).pack
     try:
         return [pack(_encode_any(obj)) for obj in objs]
-    except (TypeError, ValueError, OverflowError) as exc:
-        if isinstance(exc, CodecError):
-            raise
-        raise CodecError(f"cannot encode: {exc}") from exc
+    except (TypeError, ValueError, OverflowError):
+        # Rare: encode each again, so that the error is encode's own, naming what failed.
+        return [encode(obj) for obj in objs]
 
 
 def decode(data: bytes) -> object:

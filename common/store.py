@@ -56,6 +56,7 @@ Gpus = tuple[tuple[int, int], ...]
 # (idx, state, node or None, gpus) of one task, as load_jobs returns them.
 TaskRow = tuple[int, TaskState, str | None, Gpus]
 
+# Run statement by statement, split at ";" (see _create_schema): no ";" in its comments.
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -80,8 +81,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     updated  REAL NOT NULL,
     reason   TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
--- No index on (job_id, idx): each one written is a B-tree insert per task submitted, and what
--- reads tasks by job scans the table anyway (load_jobs, load_bound) or finds its row by task_id.
+-- No index on (job_id, idx): it cost a B-tree insert per task submitted. The loads read every
+-- row anyway (load_jobs and load_bound, sorted by SQLite), the rest finds a task by task_id.
 DROP INDEX IF EXISTS tasks_by_job;
 CREATE TABLE IF NOT EXISTS nodes (
     name  TEXT PRIMARY KEY,

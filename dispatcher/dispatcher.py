@@ -184,12 +184,11 @@ class Dispatcher:
         totals: list[int] = []
         batch_subs: dict[str, Job] = {}
         batch_ids: set[str] = set()
-        shared_groups = self._group_interner.groups
         for k, job in enumerate(jobs):
-            # Interned first: the jobs of one batch share their groups tuple, so it is looked up and
-            # its replica total summed once for them all (validated per job from the total).
-            groups, total = shared_groups(job.groups)
             try:
+                # Interned first: the jobs of one batch share their groups tuple, so it is looked up
+                # and its replica total summed once for them all (validated per job from the total).
+                groups, total = self._shared_groups(job)
                 first = self._check_new(job, total, batch_subs, batch_ids)
             except SpecError as exc:
                 if len(jobs) == 1:
@@ -224,6 +223,15 @@ class Dispatcher:
         self.admission.take(tokens)
         self._register(new, totals)
         return ids
+
+    def _shared_groups(self, job: Job) -> tuple[tuple[TaskGroup, ...], int]:
+        """(the job's groups as the interned ones, their replica total); SpecError for groups that
+        are not task groups (a hand-built Job: the API's parser makes only well-formed ones)."""
+        try:
+            return self._group_interner.groups(job.groups)
+        except (TypeError, AttributeError):
+            kind = type(job.groups).__name__
+            raise SpecError("groups", f"job {job.id}: must be a tuple of task groups, got {kind}") from None
 
     def _check_new(self, job: Job, total: int, batch_subs: dict[str, Job], batch_ids: set[str]) -> Job | None:
         """SpecError unless `job` (of `total` tasks) may be taken: valid, and its id new (here and

@@ -476,7 +476,9 @@ def test_encode_many_gives_the_bytes_encode_gives_each() -> None:
     values: list[object] = [*jobs, jobs[0], {"a": (1, 2)}, [frozenset({"x"})], JobState.RUNNING, None]
     assert encode_many(values) == [encode(v) for v in values]
     assert encode_many([]) == []
-    with pytest.raises(CodecError):
-        encode_many([jobs[0], object()])
-    with pytest.raises(CodecError):
-        encode_many([2**70])  # msgpack's own refusal, as encode reports it
+    for bad in (object(), 2**70):  # an unregistered class; msgpack's own refusal
+        with pytest.raises(CodecError) as many:
+            encode_many([jobs[0], bad])
+        with pytest.raises(CodecError) as one:
+            encode(bad)
+        assert str(many.value) == str(one.value)  # encode's error, naming what failed

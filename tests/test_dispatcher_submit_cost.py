@@ -148,3 +148,16 @@ def test_a_groups_list_is_not_remembered_by_identity() -> None:
     groups.append(make_job("b").cpu("2").replicas(2).build().groups[0])
     shared, total = interner.groups(groups)  # type: ignore[arg-type]
     assert list(shared) == groups and total == 3
+
+
+@pytest.mark.parametrize("groups", [None, [{"replicas": 1}], 3])
+def test_groups_that_are_not_task_groups_are_refused_naming_the_field(groups: object) -> None:
+    # Interned before the other checks: what is not a tuple of task groups must still be a
+    # SpecError naming the field, not a TypeError from the interner.
+    good, bad = basic_jobs(2)
+    d = dispatcher(store=MemoryStore())
+    with pytest.raises(SpecError) as info:
+        d.submit_many([good, replace(bad, groups=groups)])  # type: ignore[arg-type]
+    assert info.value.field == "jobs[1].groups"
+    assert "task groups" in info.value.reason
+    assert len(d.store.jobs) == 0  # type: ignore[union-attr]
