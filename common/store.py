@@ -338,11 +338,6 @@ class Store:
         return None
 
     @staticmethod
-    def _insert_jobs(c: sqlite3.Connection, jobs: Sequence[Job], t: float, *, if_missing: bool) -> None:
-        """Job rows and their pending task rows; with if_missing, rows already there are kept."""
-        Store._insert_rows(c, *Store._job_rows(jobs, t), if_missing=if_missing)
-
-    @staticmethod
     def _job_rows(jobs: Sequence[Job], t: float) -> tuple[list[JobRow], list[TaskInsert]]:
         """The rows _insert_rows writes for new jobs: made before the transaction, so that the
         write lock (which the binder's writer waits on) is not held while the specs are encoded."""
@@ -362,6 +357,7 @@ class Store:
     def _insert_rows(
         c: sqlite3.Connection, job_rows: list[JobRow], task_rows: list[TaskInsert], *, if_missing: bool
     ) -> None:
+        """Job rows and their pending task rows; with if_missing, rows already there are kept."""
         job_sql = _INSERT_JOB.replace("INSERT", "INSERT OR IGNORE") if if_missing else _INSERT_JOB
         task_sql = _INSERT_TASK.replace("INSERT", "INSERT OR IGNORE") if if_missing else _INSERT_TASK
         c.executemany(job_sql, job_rows)
@@ -493,7 +489,7 @@ class Store:
             if job_id not in jobs:
                 raise KeyError(f"task {row[4]}: its job {job_id} is not stored and was not given")
             missing_jobs[job_id] = jobs[job_id]
-        self._insert_jobs(c, list(missing_jobs.values()), t, if_missing=True)
+        self._insert_rows(c, *self._job_rows(list(missing_jobs.values()), t), if_missing=True)
         cur = c.executemany(_BIND, missing_rows)
         if cur.rowcount != len(missing_rows):
             raise KeyError("tasks out of range of their job: " + ", ".join(r[4] for r in missing_rows))
