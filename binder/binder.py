@@ -26,9 +26,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
-from gosched.binder.fastpath import CleanUnit, find_clean
+from gosched.binder.fastpath import NO_CLEAN, CleanSet, find_clean
 from gosched.binder.stages import (
     DEFAULT_STAGES,
     BatchScope,
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 EPOCH_BITS = 40
 
 Gpus = tuple[tuple[int, int], ...]
+
+_TASK_INDEX = attrgetter("task_index")
 
 # TaskReleased reason -> the state the task is stored in.
 RELEASE_STATES: dict[str, TaskState] = {
@@ -103,6 +106,8 @@ class _Writes:
         self.rows[tid] = state
 
     def split(self) -> tuple[list[tuple[str, str, Gpus]], list[tuple[str, TaskState]]]:
+        if not self.rows:  # only the fast path's bindings (the usual batch): no copy
+            return self.clean_binds, []
         bound: list[tuple[str, str, Gpus]] = list(self.clean_binds)
         states: list[tuple[str, TaskState]] = []
         for tid, w in self.rows.items():
@@ -310,7 +315,7 @@ class Binder:
         reply = BindReply([], [], [], [], self.version, shard_id=batch.shard_id)
         changes: list[Change] = []
         seen = batch.seen_version
-        clean = find_clean(self.truth, proposals, seen) if self.vectorised and proposals else []
+        clean = find_clean(self.truth, proposals, seen) if self.vectorised and proposals else NO_CLEAN
         if len(clean) == len(proposals):
             # Every proposal is clean (the usual batch): its answers go straight into the reply.
             self._bind_clean(proposals, clean, now, writes, reply.accepted, changes)
@@ -318,12 +323,12 @@ class Binder:
             self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
         if changes:
             bound, states = writes.split()
-            jobs = {p.job.id: p.job for p in proposals}
             version = self.version + len(changes)
             if self.writer is not None:
                 writer = self.writer  # every job is stored at its submission: the writer needs no jobs
                 self._guarded(lambda: writer.write(version, bound, states, now))
             else:
+                jobs = {p.job.id: p.job for p in proposals}
                 self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
             self._publish(changes)
         if with_changes:
@@ -335,7 +340,7 @@ class Binder:
     def _commit_mixed(
         self,
         proposals: Sequence[Proposal],
-        clean: Sequence[CleanUnit],
+        clean: CleanSet,
         seen_version: int,
         now: float,
         writes: _Writes,
@@ -348,10 +353,11 @@ class Binder:
         if clean:
             accepted: list[AcceptedUnit] = []
             bound: list[Change] = []
-            ends = self._bind_clean(proposals, clean, now, writes, accepted, bound)
+            self._bind_clean(proposals, clean, now, writes, accepted, bound)
             start = 0
-            for unit, acc, end in zip(clean, accepted, ends, strict=True):
-                outcomes[unit.index] = _Outcome(accepted=acc, changes=bound[start:end])
+            for i, acc in zip(clean.index, accepted, strict=True):
+                end = start + len(proposals[i].placements)  # one TaskBound per placement
+                outcomes[i] = _Outcome(accepted=acc, changes=bound[start:end])
                 start = end
         scope = BatchScope(seen_version)
         for i, proposal in enumerate(proposals):
@@ -368,35 +374,58 @@ class Binder:
     def _bind_clean(
         self,
         proposals: Sequence[Proposal],
-        clean: Sequence[CleanUnit],
+        clean: CleanSet,
         now: float,
         writes: _Writes,
         accepted: list[AcceptedUnit],
         changes: list[Change],
-    ) -> list[int]:
+    ) -> None:
         """Bind the batch's clean proposals at once (see fastpath.py): one AcceptedUnit per unit
-        onto `accepted`, one TaskBound per placement onto `changes`; returns where each unit's
-        changes end in `changes`."""
-        all_rows: list[int] = []
+        onto `accepted`, one TaskBound per placement onto `changes`, in order."""
         residents: list[Resident] = []
         binds = writes.clean_binds
-        ends: list[int] = []
-        for unit in clean:
-            p = proposals[unit.index]
+        tids = iter(clean.tids)  # in placement order, as the loop below takes them
+        for i in clean.index:
+            p = proposals[i]
             job = p.job
-            indexes: list[int] = []
-            for pl in p.placements:  # unit.rows holds their rows, in the same order
-                idx = pl.task_index
-                r = make_resident(job, idx, pl.gpus, now, p.standing)
+            jid = job.id
+            groups = job.groups
+            single = groups[0] if len(groups) == 1 else None
+            standing = p.standing
+            placements = p.placements
+            for pl in placements:
+                group = single if single is not None else job.group_of(pl.task_index)
+                req = group.resources
+                gpus = pl.gpus
+                tid = next(tids)
+                # Resident.for_task's record, made here from what the fast path already has (the
+                # task id); positional, in field order. A clean job has no anti-affinity rule: it
+                # repels nothing.
+                r = Resident(
+                    tid,
+                    jid,
+                    req.cpu_milli,
+                    req.memory,
+                    gpus,
+                    req.extended,
+                    job.priority,
+                    job.preemptible,
+                    job.queue,
+                    job.tenant,
+                    now,
+                    job.labels,
+                    group.role,
+                    job.min_member,
+                    job.disruption_budget,
+                    (),
+                    standing,
+                )
                 residents.append(r)
                 changes.append(TaskBound(pl.node, r))
-                binds.append((r.task_id, pl.node, pl.gpus))
-                indexes.append(idx)
-            all_rows.extend(unit.rows)
-            accepted.append(AcceptedUnit(job.id, p.attempt, tuple(indexes), now))  # clean: no victims
-            ends.append(len(changes))
-        self.truth.place_many(all_rows, residents)
-        return ends
+                binds.append((tid, pl.node, gpus))
+            # clean: no victims
+            accepted.append(AcceptedUnit(jid, p.attempt, tuple(map(_TASK_INDEX, placements)), now))
+        self.truth.place_many(clean.rows, residents)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
         """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""

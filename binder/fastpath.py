@@ -34,24 +34,32 @@ import numpy as np
 
 from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
-from gosched.common.cluster_state import MAX_GPUS
+from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
 from gosched.common.job import split_task_id
 from gosched.common.messages import Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 
 
 @dataclass(slots=True)
-class CleanUnit:
-    index: int  # position of the proposal in the batch
-    rows: list[int]  # row of each placement, in order
+class CleanSet:
+    """The clean proposals of a batch, as columns: what binding them needs, gathered once."""
+
+    index: list[int]  # position of each clean proposal in the batch, in batch order
+    rows: list[int]  # row of each of their placements: proposal by proposal, in placement order
+    tids: list[str]  # task id of each of those placements, likewise
+
+    def __len__(self) -> int:
+        return len(self.index)
 
 
-def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: int) -> list[CleanUnit]:
+NO_CLEAN = CleanSet([], [], [])  # read only
+
+
+def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: int) -> CleanSet:
     """The clean proposals of a batch planned on the binder's view at `seen_version` (see the
     module docstring), in batch order."""
     a = state.arrays
     row_of = a.row_of
-    gpu_exists = a.gpu_exists
     task_row = a.task_row
 
     job_tasks = state.job_tasks
@@ -60,18 +68,15 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     victims: set[str] = set()
 
     # Demand of every placement with a node (clean or not), and each proposal's verdict so far.
+    # Requests are few (the batch's jobs mostly share interned groups): each demand names its
+    # request's slot in `reqs`, and the cpu and memory columns are read from the slots at once.
     d_rows: list[int] = []
-    d_cpu: list[int] = []
-    d_mem: list[int] = []
-    e_rows: list[int] = []
-    e_cols: list[int] = []
-    e_amt: list[int] = []
-    g_rows: list[int] = []
-    g_idx: list[int] = []
-    g_milli: list[int] = []
-    maybe: list[CleanUnit] = []
-    # request_error per request object: the batch's jobs mostly share a few (interned groups).
-    bad_request: dict[int, bool] = {}
+    d_slot: list[int] = []
+    slot_of: dict[int, int] = {}  # id(request) -> its slot, or -1 for a request in error
+    reqs: list[ResourceRequest] = []
+    plain: list[bool] = []  # per slot: no extended resource and no GPU asked for
+    extra = _Extra()
+    maybe: list[int] = []
     # Match labels of the batch's anti-affinity rules: a job carrying them may not be bound ahead
     # of the proposal whose rule repels it (the stages would have judged that one first).
     repelled: list[frozenset[tuple[str, str]]] = []
@@ -80,22 +85,26 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
         job = p.job
         jid = job.id
         groups = job.groups
-        if len(groups) == 1:
-            single: ResourceRequest | None = groups[0].resources
-            total = groups[0].replicas
-        else:
-            single = None
-            total = job.total_replicas
         placements = p.placements
+        n = len(placements)
         need = p.min_needed  # gang_need(p, state), inlined: it runs once per proposal
         if p.held:
             need += max(0, p.held - len(job_tasks.get(jid, ())))
-        clean = len(placements) >= max(1, need) and jid not in cancelled
-        for group in groups:
+        clean = n >= need and n > 0 and jid not in cancelled
+        if len(groups) == 1:
+            group = groups[0]
+            single: ResourceRequest | None = group.resources
+            total = group.replicas
             if group.anti_affinity:  # the anti_affinity stage looks at other tasks: the stages judge it
                 clean = False
                 repelled.extend(frozenset(r.match_labels) for r in group.anti_affinity if r.match_labels)
-        rows: list[int] = []
+        else:
+            single = None
+            total = job.total_replicas
+            for group in groups:
+                if group.anti_affinity:
+                    clean = False
+                    repelled.extend(frozenset(r.match_labels) for r in group.anti_affinity if r.match_labels)
         for pl in placements:
             idx = pl.task_index
             tid = f"{jid}/{idx}"  # task_id()
@@ -103,47 +112,29 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
             if pl.victims:
                 victims.update(pl.victims)
                 clean = False
-            row = row_of.get(pl.node)
             if not 0 <= idx < total:
                 clean = False
                 continue  # fails task_valid whatever happens: never consumes
             req = single if single is not None else job.group_of(idx).resources
-            bad = bad_request.get(id(req))
-            if bad is None:
-                bad = bad_request[id(req)] = request_error(req) is not None
-            if row is None or bad:
+            slot = slot_of.get(id(req))
+            if slot is None:
+                slot = slot_of[id(req)] = len(reqs) if request_error(req) is None else -1
+                if slot >= 0:
+                    reqs.append(req)
+                    plain.append(not (req.extended or req.gpus or req.gpu_milli))
+            row = row_of.get(pl.node)
+            if row is None or slot < 0:
                 clean = False
                 continue  # fails node_exists / task_valid whatever happens: never consumes
-            rows.append(row)
             d_rows.append(row)
-            d_cpu.append(req.cpu_milli)
-            d_mem.append(req.memory)
-            if req.extended:
-                for name, amount in req.extended:
-                    if not amount:
-                        continue
-                    col = a.ext_col(name)
-                    if col is None:
-                        clean = False
-                        continue
-                    e_rows.append(row)
-                    e_cols.append(col)
-                    e_amt.append(amount)
+            d_slot.append(slot)
             gpus = pl.gpus
-            for g, milli in gpus:
-                if 0 <= g < MAX_GPUS and 0 < milli <= GPU_MILLI:
-                    g_rows.append(row)
-                    g_idx.append(g)
-                    g_milli.append(milli)
-            if not clean or tid in task_row:  # an unschedulable node makes its rows hot, below
-                clean = False
-                continue
-            if (gpus or req.gpus or req.gpu_milli) and (
-                gpu_shape_error(req, gpus) is not None or not all(gpu_exists[row, g] for g, _ in gpus)
-            ):
+            if gpus or not plain[slot]:
+                clean = extra.add(a, row, req, gpus, clean and tid not in task_row)
+            elif clean and tid in task_row:  # an unschedulable node makes its rows hot, below
                 clean = False
         if clean:
-            maybe.append(CleanUnit(i, rows))
+            maybe.append(i)
 
     # Rare: a task proposed twice in the batch, or victims named. Neither such task nor a victim's
     # job may take the fast path (an eviction or gang break of the batch could touch it).
@@ -151,8 +142,8 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
         named = Counter(tids)
         victim_jobs = {split_task_id(v)[0] for v in victims}
 
-        def untouched(u: CleanUnit) -> bool:
-            p = proposals[u.index]
+        def untouched(i: int) -> bool:
+            p = proposals[i]
             jid = p.job.id
             if jid in victim_jobs:
                 return False
@@ -160,49 +151,101 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
                 named[t] == 1 and t not in victims for t in (f"{jid}/{pl.task_index}" for pl in p.placements)
             )
 
-        maybe = [u for u in maybe if untouched(u)]
+        maybe = [i for i in maybe if untouched(i)]
 
     if a.repellers and maybe:  # residents' rules repel the other way too: the stages judge it
         repelled.extend(frozenset(rule.match_labels) for rule in a.repellers)
     if repelled and maybe:
-        maybe = [u for u in maybe if not _repelled(set(proposals[u.index].job.labels), repelled)]
+        maybe = [i for i in maybe if not _repelled(set(proposals[i].job.labels), repelled)]
 
     if victims and maybe:  # floors travel only with proposals that evict
         floored = {f.queue for p in proposals for f in p.floors}
         if floored:
-            maybe = [u for u in maybe if proposals[u.index].job.queue not in floored]
+            maybe = [i for i in maybe if proposals[i].job.queue not in floored]
 
     if not maybe:
-        return []
+        return NO_CLEAN
 
     # Hot nodes: unschedulable, or where the whole batch's demand does not fit what is free. Only
     # the touched rows are looked at: `at` maps each demand to its row's place in `touched`.
     touched, at = np.unique(np.array(d_rows, np.int64), return_inverse=True)
     k = touched.size
+    slots = np.array(d_slot, np.int64)
     cpu = np.zeros(k, np.int64)
     mem = np.zeros(k, np.int64)
-    np.add.at(cpu, at, np.array(d_cpu, np.int64))
-    np.add.at(mem, at, np.array(d_mem, np.int64))
+    np.add.at(cpu, at, np.array([r.cpu_milli for r in reqs], np.int64)[slots])
+    np.add.at(mem, at, np.array([r.memory for r in reqs], np.int64)[slots])
     hot = (
         ~a.schedulable[touched]
         | (state.rules_version[touched] > seen_version)
         | (a.cpu_used[touched] + cpu > a.cpu_cap[touched])
         | (a.mem_used[touched] + mem > a.mem_cap[touched])
     )
-    if e_rows:  # rows with demands are all in `touched` (e_rows and g_rows are subsets of d_rows)
+    if extra.e_rows:  # rows with demands are all in `touched` (e_rows and g_rows are subsets of d_rows)
         ext = np.zeros((k, a.ext_cap.shape[1]), np.int64)
-        e_at = np.searchsorted(touched, np.array(e_rows, np.int64))
-        np.add.at(ext, (e_at, np.array(e_cols)), np.array(e_amt, np.int64))
+        e_at = np.searchsorted(touched, np.array(extra.e_rows, np.int64))
+        np.add.at(ext, (e_at, np.array(extra.e_cols)), np.array(extra.e_amt, np.int64))
         hot |= (a.ext_used[touched] + ext > a.ext_cap[touched]).any(axis=1)
-    if g_rows:
+    if extra.g_rows:
         gpu = np.zeros((k, MAX_GPUS), np.int64)
-        g_at = np.searchsorted(touched, np.array(g_rows, np.int64))
-        np.add.at(gpu, (g_at, np.array(g_idx)), np.array(g_milli, np.int64))
+        g_at = np.searchsorted(touched, np.array(extra.g_rows, np.int64))
+        np.add.at(gpu, (g_at, np.array(extra.g_idx)), np.array(extra.g_milli, np.int64))
         hot |= (gpu > a.gpu_free[touched]).any(axis=1)
-    if not hot.any():
-        return maybe
-    hot_rows = set(touched[hot].tolist())
-    return [u for u in maybe if hot_rows.isdisjoint(u.rows)]
+    hot_rows = set(touched[hot].tolist()) if hot.any() else set()
+    if not hot_rows and len(maybe) == len(proposals):
+        # Every proposal clean (the usual batch): each placement gave one demand and one task id,
+        # in order, so the columns are those already gathered.
+        return CleanSet(maybe, d_rows, tids)
+    # Otherwise gather the clean proposals' columns again (their nodes all exist).
+    out = CleanSet([], [], [])
+    for i in maybe:
+        p = proposals[i]
+        rows = [row_of[pl.node] for pl in p.placements]
+        if hot_rows.isdisjoint(rows):
+            out.index.append(i)
+            out.rows.extend(rows)
+            out.tids.extend(f"{p.job.id}/{pl.task_index}" for pl in p.placements)
+    return out
+
+
+class _Extra:
+    """The extended-resource and GPU demands of a batch's placements (rows, columns, amounts)."""
+
+    __slots__ = ("e_amt", "e_cols", "e_rows", "g_idx", "g_milli", "g_rows")
+
+    def __init__(self) -> None:
+        self.e_rows: list[int] = []
+        self.e_cols: list[int] = []
+        self.e_amt: list[int] = []
+        self.g_rows: list[int] = []
+        self.g_idx: list[int] = []
+        self.g_milli: list[int] = []
+
+    def add(
+        self, a: ClusterArrays, row: int, req: ResourceRequest, gpus: tuple[tuple[int, int], ...], clean: bool
+    ) -> bool:
+        """Count the demand of a placement that names GPUs or asks for extended resources or GPUs;
+        returns `clean` and whether its GPUs and extended resources pass the static checks."""
+        for name, amount in req.extended:
+            if not amount:
+                continue
+            col = a.ext_col(name)
+            if col is None:
+                clean = False
+                continue
+            self.e_rows.append(row)
+            self.e_cols.append(col)
+            self.e_amt.append(amount)
+        for g, milli in gpus:
+            if 0 <= g < MAX_GPUS and 0 < milli <= GPU_MILLI:
+                self.g_rows.append(row)
+                self.g_idx.append(g)
+                self.g_milli.append(milli)
+        if clean and (gpus or req.gpus or req.gpu_milli):
+            gpu_exists = a.gpu_exists
+            if gpu_shape_error(req, gpus) is not None or not all(gpu_exists[row, g] for g, _ in gpus):
+                return False
+        return clean
 
 
 def _repelled(labels: set[tuple[str, str]], repelled: list[frozenset[tuple[str, str]]]) -> bool:

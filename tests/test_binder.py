@@ -1116,7 +1116,9 @@ def test_fast_path_takes_the_clean_proposals_of_a_conflicted_batch(tmp_path: Pat
         prop(cpu_job("f", "1"), at(0, "n4")),  # fits, but the node is cordoned
         prop(cpu_job("g", "1"), at(0, "idle7")),  # clean, on a row far from the others
     ]
-    assert [u.index for u in find_clean(b.truth, batch, b.version)] == [2, 6]
+    clean = find_clean(b.truth, batch, b.version)
+    assert clean.index == [2, 6]
+    assert clean.tids == ["c/0", "g/0"] and clean.rows == [b.state.row_of["n2"], b.state.row_of["idle7"]]
     reply = commit(b, *batch)
     assert outcome(reply)[0] == {"a": [0], "c": [0], "d": [0], "g": [0]}
     assert [a.job_id for a in reply.accepted] == ["a", "c", "d", "g"]  # batch order, whatever the path
