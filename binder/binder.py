@@ -384,7 +384,8 @@ class Binder:
         onto `accepted`, one TaskBound per placement onto `changes`, in order."""
         residents: list[Resident] = []
         binds = writes.clean_binds
-        tids = iter(clean.tids)  # in placement order, as the loop below takes them
+        tids = clean.tids  # in placement order, as the loop below takes them
+        k = 0
         for i in clean.index:
             p = proposals[i]
             job = p.job
@@ -396,8 +397,10 @@ class Binder:
             for pl in placements:
                 group = single if single is not None else job.group_of(pl.task_index)
                 req = group.resources
+                node = pl.node
                 gpus = pl.gpus
-                tid = next(tids)
+                tid = tids[k]
+                k += 1
                 # Resident.for_task's record, made here from what the fast path already has (the
                 # task id); positional, in field order. A clean job has no anti-affinity rule: it
                 # repels nothing.
@@ -421,10 +424,14 @@ class Binder:
                     standing,
                 )
                 residents.append(r)
-                changes.append(TaskBound(pl.node, r))
-                binds.append((tid, pl.node, gpus))
-            # clean: no victims
-            accepted.append(AcceptedUnit(jid, p.attempt, tuple(map(_TASK_INDEX, placements)), now))
+                changes.append(TaskBound(node, r))
+                binds.append((tid, node, gpus))
+            # One placement (the usual unit) spares map() and tuple(); clean: no victims.
+            if len(placements) == 1:
+                indexes: tuple[int, ...] = (placements[0].task_index,)
+            else:
+                indexes = tuple(map(_TASK_INDEX, placements))
+            accepted.append(AcceptedUnit(jid, p.attempt, indexes, now))
         self.truth.place_many(clean.rows, residents)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:

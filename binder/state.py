@@ -162,9 +162,10 @@ class BinderState:
         self.arrays.place_many(rows, residents)
         job_tasks = self.job_tasks
         for r in residents:
-            tasks = job_tasks.get(r.job_id)
+            jid = r.job_id
+            tasks = job_tasks.get(jid)
             if tasks is None:
-                job_tasks[r.job_id] = {r.task_id}
+                job_tasks[jid] = {r.task_id}
             else:
                 tasks.add(r.task_id)
         if self._queue_use:
