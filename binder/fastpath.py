@@ -35,7 +35,7 @@ import numpy as np
 from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
-from gosched.common.job import split_task_id
+from gosched.common.job import TaskGroup, split_task_id
 from gosched.common.messages import Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 
@@ -75,11 +75,27 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     slot_of: dict[int, int] = {}  # id(request) -> its slot, or -1 for a request in error
     reqs: list[ResourceRequest] = []
     plain: list[bool] = []  # per slot: no extended resource and no GPU asked for
+
+    def slot_for(req: ResourceRequest) -> int:
+        slot = slot_of.get(id(req))
+        if slot is None:
+            slot = slot_of[id(req)] = len(reqs) if request_error(req) is None else -1
+            if slot >= 0:
+                reqs.append(req)
+                plain.append(not (req.extended or req.gpus or req.gpu_milli))
+        return slot
+
     extra = _Extra()
     maybe: list[int] = []
     # Match labels of the batch's anti-affinity rules: a job carrying them may not be bound ahead
     # of the proposal whose rule repels it (the stages would have judged that one first).
     repelled: list[frozenset[tuple[str, str]]] = []
+    # What a job's groups tell, kept for the next proposal: consecutive jobs often share theirs.
+    last_groups: tuple[TaskGroup, ...] | None = None
+    single: ResourceRequest | None = None  # the request of a one-group job's tasks
+    single_slot = -1
+    total = 0
+    repels = False
 
     for i, p in enumerate(proposals):
         job = p.job
@@ -91,20 +107,19 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
         if p.held:
             need += max(0, p.held - len(job_tasks.get(jid, ())))
         clean = n >= need and n > 0 and jid not in cancelled
-        if len(groups) == 1:
-            group = groups[0]
-            single: ResourceRequest | None = group.resources
-            total = group.replicas
-            if group.anti_affinity:  # the anti_affinity stage looks at other tasks: the stages judge it
-                clean = False
-                repelled.extend(frozenset(r.match_labels) for r in group.anti_affinity if r.match_labels)
-        else:
-            single = None
-            total = job.total_replicas
+        if groups is not last_groups:
+            last_groups = groups
+            repels = False
             for group in groups:
-                if group.anti_affinity:
-                    clean = False
+                if group.anti_affinity:  # the anti_affinity stage looks at other tasks: the stages judge it
+                    repels = True
                     repelled.extend(frozenset(r.match_labels) for r in group.anti_affinity if r.match_labels)
+            total = sum(group.replicas for group in groups)  # job.total_replicas
+            single = groups[0].resources if len(groups) == 1 else None
+            if single is not None:
+                single_slot = slot_for(single)
+        if repels:
+            clean = False
         for pl in placements:
             idx = pl.task_index
             tid = f"{jid}/{idx}"  # task_id()
@@ -115,13 +130,12 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
             if not 0 <= idx < total:
                 clean = False
                 continue  # fails task_valid whatever happens: never consumes
-            req = single if single is not None else job.group_of(idx).resources
-            slot = slot_of.get(id(req))
-            if slot is None:
-                slot = slot_of[id(req)] = len(reqs) if request_error(req) is None else -1
-                if slot >= 0:
-                    reqs.append(req)
-                    plain.append(not (req.extended or req.gpus or req.gpu_milli))
+            if single is not None:
+                req = single
+                slot = single_slot
+            else:
+                req = job.group_of(idx).resources
+                slot = slot_for(req)
             row = row_of.get(pl.node)
             if row is None or slot < 0:
                 clean = False
