@@ -386,6 +386,7 @@ class Binder:
         binds = writes.clean_binds
         tids = clean.tids  # in placement order, as the loop below takes them
         k = 0
+        new_resident = object.__new__
         for i in clean.index:
             p = proposals[i]
             job = p.job
@@ -402,27 +403,27 @@ class Binder:
                 tid = tids[k]
                 k += 1
                 # Resident.for_task's record, made here from what the fast path already has (the
-                # task id); positional, in field order. A clean job has no anti-affinity rule: it
-                # repels nothing.
-                r = Resident(
-                    tid,
-                    jid,
-                    req.cpu_milli,
-                    req.memory,
-                    gpus,
-                    req.extended,
-                    job.priority,
-                    job.preemptible,
-                    job.queue,
-                    job.tenant,
-                    now,
-                    job.labels,
-                    group.role,
-                    job.min_member,
-                    job.disruption_budget,
-                    (),
-                    standing,
-                )
+                # task id), its slots written in this frame: a dataclass __init__ call costs as much
+                # again. Every field is set (the tests compare these with the stages' records). A
+                # clean job has no anti-affinity rule: it repels nothing.
+                r = new_resident(Resident)
+                r.task_id = tid
+                r.job_id = jid
+                r.cpu_milli = req.cpu_milli
+                r.memory = req.memory
+                r.gpus = gpus
+                r.extended = req.extended
+                r.priority = job.priority
+                r.preemptible = job.preemptible
+                r.queue = job.queue
+                r.tenant = job.tenant
+                r.start_time = now
+                r.job_labels = job.labels
+                r.role = group.role
+                r.min_member = job.min_member
+                r.disruption_budget = job.disruption_budget
+                r.repels = ()
+                r.standing = standing
                 residents.append(r)
                 changes.append(TaskBound(node, r))
                 binds.append((tid, node, gpus))

@@ -1129,6 +1129,46 @@ def test_fast_path_takes_the_clean_proposals_of_a_conflicted_batch(tmp_path: Pat
     assert seq.view() == b.view()
 
 
+def test_fast_path_residents_are_the_records_for_task_makes(tmp_path: Path) -> None:
+    """The fast path writes its Residents' fields itself: every field, as Resident.for_task."""
+    b = open_binder(tmp_path / "gs.db")
+    b.add_nodes([N4, N4B])
+    gang = (
+        make_job("gang")
+        .cpu("1")
+        .mem("1Gi")
+        .extended("rdma", 1)
+        .group("worker")
+        .cpu("500m")
+        .mem("2Gi")
+        .gpus(1)
+        .replicas(2)
+        .priority(7)
+        .preemptible(False)
+        .queue("q1")
+        .tenant("t1")
+        .labels(app="x")
+        .min_member(3)
+        .disruption_budget(1)
+        .build()
+    )
+    proposal = Proposal(
+        gang, [at(0, "n1"), at(1, "n1", ((0, GPU_MILLI),)), at(2, "n2", ((1, GPU_MILLI),))], 3, standing=9
+    )
+    batch = [proposal, prop(cpu_job("plain", "1"), at(0, "n2"))]
+    from gosched.binder.fastpath import find_clean
+
+    assert find_clean(b.truth, batch, b.version).index == [0, 1]
+    reply = commit(b, *batch)
+    now = reply.accepted[0].bind_time
+    expected = [Resident.for_task(gang, pl.task_index, pl.gpus, now, 9) for pl in proposal.placements]
+    expected.append(Resident.for_task(batch[1].job, 0, (), now))
+    assert [c.resident for c in reply.changes if isinstance(c, TaskBound)] == expected
+    assert [b.resident(r.task_id) for r in expected] == list(
+        zip(["n1", "n1", "n2", "n2"], expected, strict=True)
+    )
+
+
 def test_a_failed_write_stops_the_binder(tmp_path: Path) -> None:
     b = open_binder(tmp_path / "gs.db")
     b.add_nodes([N4])
