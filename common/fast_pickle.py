@@ -4,10 +4,10 @@ By default pickle takes such an object apart through copyreg (a dict of slot val
 for a frozen class, through the __getstate__/__setstate__ pair `dataclasses` installs, which calls
 `fields()` on every object. Here the object is reduced to its class and its field values in order,
 read with one C attrgetter, and rebuilt by calling the class: two to three times faster each way,
-and smaller (no field names in the stream). A frozen class is rebuilt by writing its slots, which
-halves the cost of its __init__ (that goes through object.__setattr__ per field); it still comes
-back frozen and hashes as before. A class with a __post_init__ is rebuilt through __init__, so
-that its checks run again.
+and smaller (no field names in the stream). A frozen class is rebuilt by writing its slots through
+an unfrozen twin class (a fifth of its __init__'s cost, which goes through object.__setattr__ per
+field); it still comes back frozen, of its own class, and hashes as before. A class with a
+__post_init__ is rebuilt through __init__, so that its checks run again.
 
 Whole lists of one class (a batch message's jobs, placements, residents, verdicts): `rows_of`
 reads each object's field values as a tuple with one C map, `objects_from` rebuilds them with one
@@ -72,12 +72,35 @@ def _slot_writer(cls: type) -> Any:
     slots = [vars(cls).get(name) for name in names]  # the slots' member descriptors
     if not all(isinstance(slot, MemberDescriptorType) for slot in slots):
         return None  # some slots are a base class's
+    return _twin_writer(cls, names) or _descriptor_writer(cls, names, slots)
+
+
+def _twin_writer(cls: type, names: list[str]) -> Any:
+    """The object is filled as an instance of an unfrozen twin class with the same slots (plain
+    attribute stores, which the interpreter specialises), then given its class: 2.5 times
+    quicker than a descriptor call per slot (255 against 680 ns a Job). None where the interpreter
+    refuses the class change (layouts that differ)."""
+    twin = type(f"_{cls.__name__}Slots", (), {"__slots__": vars(cls)["__slots__"]})
+    env: dict[str, Any] = {"new": object.__new__, "twin": twin, "cls": cls}
+    args = ", ".join(f"v{i}" for i in range(len(names)))
+    body = "".join(f"    obj.{name} = v{i}\n" for i, name in enumerate(names))
+    # Generated (as dataclasses generates __init__): one straight line of attribute stores.
+    exec(f"def rebuild({args}):\n    obj = new(twin)\n{body}    obj.__class__ = cls\n    return obj\n", env)
+    rebuild = env["rebuild"]
+    try:
+        rebuild(*[None] * len(names))
+    except TypeError:  # "object layout differs"
+        return None
+    return rebuild
+
+
+def _descriptor_writer(cls: type, names: list[str], slots: list[Any]) -> Any:
+    """The object is filled by calling each slot's descriptor."""
     env: dict[str, Any] = {"new": object.__new__, "cls": cls}
     for i, slot in enumerate(slots):
-        env[f"set{i}"] = slot.__set__  # type: ignore[union-attr]
+        env[f"set{i}"] = slot.__set__
     args = ", ".join(f"v{i}" for i in range(len(names)))
     body = "".join(f"    set{i}(obj, v{i})\n" for i in range(len(names)))
-    # Generated (as dataclasses generates __init__): one straight line of C calls per field.
     exec(f"def rebuild({args}):\n    obj = new(cls)\n{body}    return obj\n", env)
     return env["rebuild"]
 

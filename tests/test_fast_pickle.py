@@ -42,6 +42,17 @@ class FrozenPointWithLabel(FrozenPoint):
     label: str = ""
 
 
+class PlainBase:
+    """A base class without __slots__: its instances carry a __dict__."""
+
+
+@fast_pickle
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrozenOnPlainBase(PlainBase):
+    x: int
+    name: str
+
+
 def roundtrip(obj: object) -> object:
     return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -93,6 +104,25 @@ def test_a_frozen_class_is_rebuilt_by_writing_its_slots() -> None:
     assert type(back) is Job and back == job and hash(back) == hash(job)
     with pytest.raises(dataclasses.FrozenInstanceError):
         back.priority = 5  # type: ignore[misc]
+
+
+def test_a_frozen_class_whose_layout_has_a_dict_is_rebuilt_through_its_slots_too() -> None:
+    # The twin class (slots only) cannot lend its layout to a class with a __dict__: the slots'
+    # descriptors write the fields instead.
+    point = FrozenOnPlainBase(3, "a")
+    assert FrozenOnPlainBase.__reduce__(point)[0] is _rebuild
+    back = roundtrip(point)
+    assert type(back) is FrozenOnPlainBase and back == point and hash(back) == hash(point)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.x = 4  # type: ignore[misc]
+
+
+def test_a_rebuilt_frozen_object_is_its_class_through_and_through() -> None:
+    job = make_job("j").cpu("2").replicas(2).build()
+    back = roundtrip(job)
+    assert type(back) is Job and back.__class__ is Job and isinstance(back, Job)
+    assert not hasattr(back, "__dict__")
+    assert roundtrip(back) == job  # reduced again as a Job
 
 
 def test_a_frozen_class_pickled_by_value_loads_in_a_fresh_process(tmp_path: Path) -> None:
