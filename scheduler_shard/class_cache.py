@@ -11,6 +11,7 @@ placed on, so a run of like tasks pays for one argmax over the rows per node fil
 one per task.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,8 @@ from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass, class_of
 
 F = npt.NDArray[np.float64]
+# A class's whole one-row refresh: the row's effective score, or None where a filter rules it out.
+RowEval = Callable[[ClusterArrays, int], float | None]
 NEG_INF = -np.inf
 MAX_CLASSES = 4096
 ALL_ROWS = np.ones(0, np.bool_)  # the remembered argmax's key when it is over every row (a marker)
@@ -61,6 +64,8 @@ class ClassEntry:
     # Each dynamic plugin's scalar one-row version, or None where it has none (the vector is used).
     row_filters: list[RowFilter | None] = field(default_factory=list)
     row_scores: list[RowScore | None] = field(default_factory=list)
+    # The one-row refresh as one closure (_row_eval), or None where a plugin has no scalar version.
+    row_eval: RowEval | None = None
     # The remembered best_row: over the rows of best_key (a read-only mask, or ALL_ROWS), and its
     # score. None: nothing remembered.
     best_key: npt.NDArray[np.bool_] | None = None
@@ -174,6 +179,7 @@ class ClassCache:
         entry.dyn_scores = dyn_scores
         entry.row_filters = [f.row_filter(tc) for f in entry.dyn_filters]
         entry.row_scores = [p.row_score(tc) for p, _ in dyn_scores]
+        entry.row_eval = _row_eval(entry)
         entry.eff = np.full(n, NEG_INF)
         entry.best_key = None
         entry.meta_gen, entry.n, entry.state_id = state.meta_generation, n, id(state)
@@ -201,19 +207,13 @@ class ClassCache:
         """_update for one row, accumulated in Python floats in the same order, with each plugin's
         scalar version where it has one (numpy calls on one-element arrays cost more than the
         arithmetic), stopping at the first filter that fails."""
-        if not entry.static_ok.item(row) or not passes_dynamic_filters(entry, state, row):
+        evaluate = entry.row_eval
+        score = evaluate(state, row) if evaluate is not None else self._row_score(entry, state, row)
+        if score is None:
             entry.eff[row] = NEG_INF
             if entry.best_key is not None:
                 _note_row(entry, row, NEG_INF)
             return
-        tc, one = entry.tc, None
-        score = entry.static_score.item(row)
-        for (plugin, weight), row_score in zip(entry.dyn_scores, entry.row_scores, strict=True):
-            if row_score is not None:
-                score += weight * row_score(state, row)
-            else:
-                one = np.array([row], np.int64) if one is None else one
-                score += weight * float(plugin.score(tc, state, one)[0])
         entry.eff[row] = score
         if entry.best_key is not None:
             _note_row(entry, row, score)
@@ -221,6 +221,21 @@ class ClassCache:
             assert entry.soft is not None
             if entry.soft.item(row) > entry.soft_none_level:
                 entry.soft_none_key = None  # a row above the remembered level fits now
+
+    @staticmethod
+    def _row_score(entry: ClassEntry, state: ClusterArrays, row: int) -> float | None:
+        """The one-row refresh where some plugin has no scalar version (its vector on one row)."""
+        if not entry.static_ok.item(row) or not passes_dynamic_filters(entry, state, row):
+            return None
+        tc, one = entry.tc, None
+        score: float = entry.static_score.item(row)
+        for (plugin, weight), row_score in zip(entry.dyn_scores, entry.row_scores, strict=True):
+            if row_score is not None:
+                score += weight * row_score(state, row)
+            else:
+                one = np.array([row], np.int64) if one is None else one
+                score += weight * float(plugin.score(tc, state, one)[0])
+        return score
 
     def softer_row(self, entry: ClassEntry, eff: F, row: int, own: Mask, wider: Mask | None) -> int:
         """A row of `wider` (None: every row) outside `own` to take instead of `row`, the best of
@@ -273,6 +288,31 @@ class ClassCache:
 
     def oldest_position(self) -> int | None:
         return min((e.position for e in self.entries.values()), default=None)
+
+
+def _row_eval(entry: ClassEntry) -> RowEval | None:
+    """The entry's one-row refresh as one closure over its arrays and scalar plugins, when every
+    dynamic plugin has a scalar version: the same checks and sums in the same order as
+    ClassCache._row_score, without its per-call lookups and zips (it runs once per task placed)."""
+    if any(f is None for f in entry.row_filters) or any(s is None for s in entry.row_scores):
+        return None
+    static_ok, static_score = entry.static_ok, entry.static_score
+    filters = tuple(f for f in entry.row_filters if f is not None)
+    weights = [weight for _, weight in entry.dyn_scores]
+    scores = tuple((w, s) for w, s in zip(weights, entry.row_scores, strict=True) if s is not None)
+
+    def evaluate(state: ClusterArrays, row: int) -> float | None:
+        if not static_ok.item(row):
+            return None
+        for fits in filters:
+            if not fits(state, row):
+                return None
+        score: float = static_score.item(row)
+        for weight, row_score in scores:
+            score += weight * row_score(state, row)
+        return score
+
+    return evaluate
 
 
 def _soft_part(soft: F | None, ok: npt.NDArray[np.bool_]) -> tuple[F | None, float]:
