@@ -140,16 +140,20 @@ class ClassCache:
         ):
             self._full(entry, state)
             return
-        rows, position = state.dirty_since(entry.position)
-        if position < 0:
+        # state.dirty_since(entry.position), read in place: this runs once per task placed.
+        base, log = state.dirty_base, state.dirty_log
+        start = entry.position - base
+        if start < 0:  # the log was compacted past this entry: too old
             self._full(entry, state)
             return
-        entry.position = position
-        if len(rows) == 1:  # the usual case: the row the last placement dirtied
-            if rows[0] < entry.n:
-                self._update_row(entry, state, rows[0])
-        elif rows:
-            idx = np.unique(np.array(rows, np.int64))
+        entry.position = base + len(log)
+        new = len(log) - start
+        if new == 1:  # the usual case: the row the last placement dirtied
+            row = log[-1]
+            if row < entry.n:
+                self._update_row(entry, state, row)
+        elif new > 0:
+            idx = np.unique(np.array(log[start:], np.int64))
             idx = idx[idx < entry.n]
             self._update(entry, state, idx)
 
@@ -216,7 +220,11 @@ class ClassCache:
             return
         entry.eff[row] = score
         if entry.best_key is not None:
-            _note_row(entry, row, score)
+            if row == entry.best and score >= entry.best_score:
+                # _note_row's usual case inline: packing raised the remembered best row's score.
+                entry.best_score = score
+            else:
+                _note_row(entry, row, score)
         if entry.soft_none_key is not None:
             assert entry.soft is not None
             if entry.soft.item(row) > entry.soft_none_level:

@@ -18,9 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gosched.common.cluster_state import ClusterArrays, Resident
-from gosched.common.job import task_id
 from gosched.common.messages import Diagnosis, Placement, Unit, Unschedulable
-from gosched.scheduler_shard.class_cache import NEG_INF, ClassCache, best_row
+from gosched.scheduler_shard.class_cache import ALL_ROWS, NEG_INF, ClassCache, best_row
 from gosched.scheduler_shard.diagnosis import diagnose
 from gosched.scheduler_shard.framework.interfaces import GroupingPlugin, Mask
 from gosched.scheduler_shard.framework.profile import Profile
@@ -91,12 +90,17 @@ class Placer:
                 # minimum does, as the rest of the job may later go only where it is.
                 best: tuple[int, Mask | None] | None = None
                 for domain in domains:
-                    unplaced = self._try(
-                        ctx, state, _both(location, domain), victims_of, _within(wider, domain)
-                    )
+                    if domain is None:  # no topology domains (the usual unit): the location as is
+                        unplaced = self._try(ctx, state, location, victims_of, wider)
+                    else:
+                        unplaced = self._try(
+                            ctx, state, _both(location, domain), victims_of, _within(wider, domain)
+                        )
                     placed = len(ctx.placements)
                     if placed >= unit.min_needed:
-                        if not unplaced or len(domains) == 1:
+                        if not unplaced:
+                            return ctx, None
+                        if len(domains) == 1:
                             return ctx, self._leftover(ctx, state, unplaced, preempt, len(passes) > 1)
                         if best is None or placed > best[0]:
                             best = (placed, domain)
@@ -121,7 +125,7 @@ class Placer:
         row breaks a soft rule that a fitting row of `wider` (LAST: none) keeps goes there."""
         unit = ctx.unit
         job = unit.job
-        indexes = _largest_first(unit)
+        indexes = unit.task_indexes if len(job.groups) == 1 else _largest_first(unit)
         need = unit.min_needed
         now = self.clock()
         unplaced: list[int] = []
@@ -129,7 +133,7 @@ class Placer:
         task_row = state.task_row
         stale_rows: list[int] = []
         for idx in indexes:
-            tid = task_id(job.id, idx)
+            tid = f"{job.id}/{idx}"  # task_id(job.id, idx), inline: once per task
             if tid in task_row:
                 stale_rows.append(task_row[tid])
                 ctx.drop_stale(state, tid)
@@ -146,7 +150,7 @@ class Placer:
         # one gather per task instead of masking the whole cluster's scores.
         allowed_rows = None if allowed is None else self._rows_of(allowed)
         for pos, idx in enumerate(indexes):
-            if len(ctx.placements) + (len(indexes) - pos) < need:
+            if need > 1 and len(ctx.placements) + (len(indexes) - pos) < need:
                 unplaced.extend(indexes[pos:])  # the gang can no longer reach min_needed
                 break
             group = job.group_of(idx)
@@ -158,10 +162,12 @@ class Placer:
                         excluded = uf.excluded(entry.tc, ctx, state)
                         if excluded is not None:
                             eff = np.where(excluded, NEG_INF, eff)
-            if eff is entry.eff:
-                row = self.cache.remembered_best_row(entry, allowed, allowed_rows)
-            else:
+            if eff is not entry.eff:
                 row = best_row(eff, allowed_rows)
+            elif entry.best_key is (ALL_ROWS if allowed is None else allowed):
+                row = entry.best  # remembered_best_row's hit, inline (most tasks take it)
+            else:
+                row = self.cache.remembered_best_row(entry, allowed, allowed_rows)
             soft = entry.soft
             if (
                 spill
@@ -176,7 +182,7 @@ class Placer:
                 if softer >= 0:
                     row = softer
             victims: tuple[str, ...] = ()
-            if row < 0 or eff[row] == NEG_INF:
+            if row < 0 or eff.item(row) == NEG_INF:
                 if self._diagnosis is None:
                     # Diagnose while the attempt's own placements are still in the view.
                     note = f"gang needs {need} of {len(indexes)} tasks" if need > 1 else ""
@@ -191,7 +197,7 @@ class Placer:
                 for victim in candidate.victims:
                     ctx.evict(state, victim)
                 row, victims = candidate.row, tuple(v.task_id for v in candidate.victims)
-            gpus = choose_gpus(entry.tc, state, row)
+            gpus = choose_gpus(entry.tc, state, row) if entry.tc.wants_gpu else ()
             if gpus is None:
                 unplaced.append(idx)
                 continue

@@ -57,11 +57,17 @@ class UnitContext:
         attempt of the job than the one held here), and the attempt evicted nothing: the view
         already holds what the binder's changes for it will say. The binder binds a placement
         where it was proposed or not at all, so the task indexes tell."""
-        return (
-            accepted.attempt == self.unit.attempt
-            and accepted.task_indexes == tuple([p.task_index for p in self.placements])
-            and all(a == PLACE for a, _, _ in self.log)
-        )
+        # Loops rather than a tuple and a generator: this runs once per unit answered.
+        indexes, placements = accepted.task_indexes, self.placements
+        if accepted.attempt != self.unit.attempt or len(indexes) != len(placements):
+            return False
+        for index, placement in zip(indexes, placements, strict=True):
+            if index != placement.task_index:
+                return False
+        for action, _, _ in self.log:  # noqa: SIM110 (no generator per unit answered)
+            if action != PLACE:
+                return False
+        return True
 
     def drop_stale(self, state: ClusterArrays, task_id: str) -> None:
         """The unit's own task is still resident in this (stale) view: the dispatcher sends only

@@ -17,6 +17,7 @@ class TaskClass:
     gpu_eligible: np.ndarray | None = None
     gpu_eligible_gen: int = -1
     ext_cols: list[tuple[int | None, int]] = field(default_factory=list)
+    wants_gpu: bool = False  # request.wants_gpu, read once: the placer asks it per task placed
 
     @property
     def request(self) -> ResourceRequest:
@@ -48,7 +49,7 @@ class TaskClass:
 
 
 def class_of(group: TaskGroup) -> TaskClass:
-    return TaskClass(key=group.constraint_key(), group=group)
+    return TaskClass(key=group.constraint_key(), group=group, wants_gpu=group.resources.wants_gpu)
 
 
 FULL = GPU_MILLI

@@ -24,7 +24,10 @@ Ids = npt.NDArray[np.int64]
 
 
 def _pack_key(unit: Unit) -> str | None:
-    return dict(unit.job.labels).get(PACK_DOMAIN_LABEL) or None
+    labels = unit.job.labels
+    if not labels:  # most jobs carry none: no dict to build (asked once per unit)
+        return None
+    return dict(labels).get(PACK_DOMAIN_LABEL) or None
 
 
 def _held_domain(unit: Unit, state: ClusterArrays, ids: Ids) -> int | None:
