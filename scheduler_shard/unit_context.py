@@ -38,6 +38,24 @@ class UnitContext:
     # the unit's victims need pricing.
     census: "Census | None" = None
 
+    def __init__(
+        self,
+        unit: Unit,
+        placements: list[Placement] | None = None,
+        placed_rows: list[tuple[int, str]] | None = None,
+        log: list[tuple[str, str, Resident]] | None = None,
+    ) -> None:
+        # By hand rather than the dataclass's: one is made per unit scheduled, and the generated
+        # __init__ calls a factory per field with a default (a third of its cost).
+        self.unit = unit
+        self.placements = [] if placements is None else placements
+        self.placed_rows = [] if placed_rows is None else placed_rows
+        self.log = [] if log is None else log
+        self.victims_by_job = {}
+        self.victims_in_flight = False
+        self.protected = {}
+        self.census = None
+
     def place(self, state: ClusterArrays, row: int, resident: Resident, placement: Placement) -> None:
         state.place(row, resident)
         self.log.append((PLACE, placement.node, resident))
