@@ -84,16 +84,7 @@ class MostAllocated(ScorePlugin):
     def row_score(self, tc: TaskClass) -> RowScore:
         req = tc.request
         if _cpu_memory_only(req):
-            cpu, mem = req.cpu_milli, req.memory
-
-            def cpu_memory(state: ClusterArrays, r: int) -> float:
-                # _mean of the two fractions, inline: no list, no memo, no calls but numpy's item.
-                total = (state.cpu_used.item(r) + cpu) / max(state.cpu_cap.item(r), 1) + (
-                    state.mem_used.item(r) + mem
-                ) / max(state.mem_cap.item(r), 1)
-                return 100.0 * (total / 2)
-
-            return cpu_memory
+            return _cpu_memory_mean(req, 0.0, 100.0)
         return lambda state, r: 100.0 * _mean(row_fractions(req, state, r))
 
 
@@ -108,15 +99,7 @@ class LeastAllocated(ScorePlugin):
     def row_score(self, tc: TaskClass) -> RowScore:
         req = tc.request
         if _cpu_memory_only(req):
-            cpu, mem = req.cpu_milli, req.memory
-
-            def cpu_memory(state: ClusterArrays, r: int) -> float:
-                total = (state.cpu_used.item(r) + cpu) / max(state.cpu_cap.item(r), 1) + (
-                    state.mem_used.item(r) + mem
-                ) / max(state.mem_cap.item(r), 1)
-                return 100.0 - 100.0 * (total / 2)
-
-            return cpu_memory
+            return _cpu_memory_mean(req, 100.0, -100.0)
         return lambda state, r: 100.0 - 100.0 * _mean(row_fractions(req, state, r))
 
 
@@ -154,6 +137,21 @@ def _cpu_memory_only(req: ResourceRequest) -> bool:
     """The request's fractions are cpu's and memory's (the usual task): the one-row scores then
     compute them inline, by the same arithmetic as row_fractions and _mean or _balanced."""
     return bool(req.memory) and not req.wants_gpu
+
+
+def _cpu_memory_mean(req: ResourceRequest, offset: float, scale: float) -> RowScore:
+    """offset + scale * the mean of the cpu and memory fractions on one row, inline: no list, no
+    memo, no calls but numpy's item. The same floats as the generic path (negating the scale is
+    exact, and adding 0.0 changes nothing)."""
+    cpu, mem = req.cpu_milli, req.memory
+
+    def cpu_memory(state: ClusterArrays, r: int) -> float:
+        total = (state.cpu_used.item(r) + cpu) / max(state.cpu_cap.item(r), 1) + (
+            state.mem_used.item(r) + mem
+        ) / max(state.mem_cap.item(r), 1)
+        return offset + scale * (total / 2)
+
+    return cpu_memory
 
 
 def _balanced(fr: list[Any]) -> Any:
