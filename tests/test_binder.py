@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gosched.binder.binder import EPOCH_BITS, Binder, next_epoch
+from gosched.binder.fastpath import find_clean
 from gosched.binder.stages import STAGE_NAMES, gpu_shape_error
 from gosched.binder.state import arrays_view, make_resident
 from gosched.common.changes import apply_changes
@@ -1100,8 +1101,6 @@ def test_random_batches_keep_every_invariant(nodes: list[Node], data: st.DataObj
 
 
 def test_fast_path_takes_the_clean_proposals_of_a_conflicted_batch(tmp_path: Path) -> None:
-    from gosched.binder.fastpath import find_clean
-
     nodes = [N4, N4B, replace(N4, name="n3"), replace(N4, name="n4", state=NodeState.CORDONED)]
     nodes += [replace(N4, name=f"idle{i}") for i in range(20)]  # rows the batch never touches
     b = open_binder(tmp_path / "gs.db")
@@ -1156,7 +1155,6 @@ def test_fast_path_residents_are_the_records_for_task_makes(tmp_path: Path) -> N
         gang, [at(0, "n1"), at(1, "n1", ((0, GPU_MILLI),)), at(2, "n2", ((1, GPU_MILLI),))], 3, standing=9
     )
     batch = [proposal, prop(cpu_job("plain", "1"), at(0, "n2"))]
-    from gosched.binder.fastpath import find_clean
 
     assert find_clean(b.truth, batch, b.version).index == [0, 1]
     reply = commit(b, *batch)
