@@ -126,6 +126,8 @@ def _group_to_dict(g: pb.TaskGroup) -> dict[str, Any]:
         out["resources"] = _resources_to_dict(g.resources)
     if g.gpu_models:
         out["gpu_models"] = list(g.gpu_models)
+    if g.gpu_topology:
+        out["gpu_topology"] = g.gpu_topology
     if g.node_selector:
         out["node_selector"] = dict(g.node_selector)
     if g.HasField("affinity"):
@@ -239,6 +241,7 @@ def _group_msg(g: Mapping[str, Any]) -> pb.TaskGroup:
         env=dict(g.get("env", {})),
         resources=resources,
         gpu_models=list(g.get("gpu_models", [])),
+        gpu_topology=g.get("gpu_topology", ""),
         node_selector=dict(g.get("node_selector", {})),
         anti_affinity=[
             pb.AntiAffinity(

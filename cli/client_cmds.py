@@ -134,6 +134,14 @@ def submit(
     gpu_model: Annotated[
         list[str] | None, typer.Option("--gpu-model", help="An acceptable GPU model (repeat, or a,b).")
     ] = None,
+    gpu_topology: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-topology",
+            help="preferred (default), single-numa (all GPUs on one NUMA node, or wait) or "
+            "single-numa-nvlink (and NVLink-connected).",
+        ),
+    ] = None,
     selector: Annotated[
         list[str] | None, typer.Option("--selector", help="Node label KEY=VALUE the node must have (repeat).")
     ] = None,
@@ -173,6 +181,7 @@ def submit(
         gpus=gpus,
         replicas=replicas,
         gpu_models=tuple(gpu_model or ()),
+        gpu_topology=gpu_topology,
         selectors=tuple(selector or ()),
         env=tuple(env or ()),
         image=image,

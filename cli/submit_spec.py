@@ -26,6 +26,7 @@ TASK_FLAGS = {
     "gpus": "--gpus",
     "replicas": "--replicas",
     "gpu_models": "--gpu-model",
+    "gpu_topology": "--gpu-topology",
     "node_selector": "--selector",
     "env": "--env",
     "image": "--image",
@@ -51,6 +52,7 @@ class JobFlags:
     gpus: str | None = None
     replicas: int | None = None
     gpu_models: tuple[str, ...] = ()
+    gpu_topology: str | None = None
     selectors: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     image: str | None = None
@@ -72,6 +74,8 @@ class JobFlags:
             out["replicas"] = self.replicas
         if self.gpu_models:
             out["gpu_models"] = [m for item in self.gpu_models for m in _split_commas(item)]
+        if self.gpu_topology is not None:
+            out["gpu_topology"] = self.gpu_topology
         if self.selectors:
             items = [s for item in self.selectors for s in _split_commas(item)]
             out["node_selector"] = key_values(items, "--selector")

@@ -32,6 +32,7 @@ import msgpack
 from gosched.common.cluster_state import Resident
 from gosched.common.job import (
     AntiAffinity,
+    GpuTopologyMode,
     Job,
     JobKind,
     NodeSelectorTerm,
@@ -365,6 +366,7 @@ for _tag, _enum_cls in {
     4: NodeState,
     5: TaskState,
     6: JobState,
+    7: GpuTopologyMode,
 }.items():
     register_enum(_enum_cls, _tag)
 

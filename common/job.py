@@ -8,6 +8,24 @@ from gosched.common.node import Taint, TaintEffect
 from gosched.common.resources import ResourceRequest
 
 
+class GpuTopologyMode(enum.StrEnum):
+    """Where a task's whole GPUs must sit on their node.
+
+    PREFERRED (the default): the gpu_topology score prefers GPUs on one NUMA node and NVLinked, and
+    the GPU choice takes such a set when one is free, but a spread set will do. The required modes
+    are kubelet Topology Manager's `single-numa-node` policy for GPUs: a task that would run slow
+    across the CPU sockets waits for a node that can give it GPUs on one NUMA node rather than run.
+    SINGLE_NUMA_NVLINK also asks that its GPUs be NVLink-connected: each reaches every other over
+    NVLink links among the task's own GPUs (on an NVSwitch node, any set; on pair-linked GPUs, a
+    pair). Only a task of two or more whole GPUs is bound by them: one GPU, or a share of one, is on
+    one NUMA node by itself (even one whose NUMA node the agent could not read).
+    """
+
+    PREFERRED = "preferred"
+    SINGLE_NUMA = "single-numa"
+    SINGLE_NUMA_NVLINK = "single-numa-nvlink"
+
+
 class SelectorOp(enum.StrEnum):
     IN = "In"
     NOT_IN = "NotIn"
@@ -96,6 +114,13 @@ class TaskGroup:
     anti_affinity: tuple[AntiAffinity, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     image: str = ""  # run the command in a container of this image (docker/podman); "": a shell
+    # Last: the store's codec decodes older records by filling trailing fields with their defaults.
+    gpu_topology: GpuTopologyMode = GpuTopologyMode.PREFERRED
+
+    @property
+    def gpu_topology_rule(self) -> GpuTopologyMode:
+        """The mode in force: a required one binds only a task of two or more whole GPUs."""
+        return self.gpu_topology if self.resources.gpus >= 2 else GpuTopologyMode.PREFERRED
 
     def constraint_key(self) -> tuple[object, ...]:
         """What decides where a task of this group may go and how nodes score; equal keys share work."""
@@ -111,6 +136,7 @@ class TaskGroup:
             # anti-affinity and one without would share a class and one of them get the other's.
             self.anti_affinity,
             self.role if self.anti_affinity else "",  # the rule spreads the tasks of this role
+            self.gpu_topology_rule,
         )
 
 

@@ -42,6 +42,10 @@ Job spec (every key optional unless marked)::
           gpu_memory: 40Gi     # each assigned GPU must have this much memory (or gpu_memory_mib: 40960)
           extended: {example.com/fpga: 1}
         gpu_models: [A100, H100]          # acceptable models; empty: any
+        gpu_topology: single-numa  # preferred (default): GPUs on one NUMA node, NVLinked, when free;
+                                   #   single-numa: all whole GPUs on one NUMA node, or wait;
+                                   #   single-numa-nvlink: and NVLink-connected among themselves.
+                                   #   Needs a GPU request; binds tasks of 2+ whole GPUs only
         node_selector: {zone: us-east-1a}
         affinity:
           required:            # OR of terms; each term is a list of requirements, all must hold
@@ -55,7 +59,7 @@ Job spec (every key optional unless marked)::
 A requirement is ``{key, operator, values}``: In/NotIn need values, Exists/DoesNotExist take none,
 Gt/Lt take exactly one integer. A toleration's operator is Equal (the default; needs a key) or
 Exists (no value; an empty key tolerates every taint); no effect means every effect.
-A task must request cpu, memory or a GPU; GPU memory needs a GPU request.
+A task must request cpu, memory or a GPU; GPU memory and a required gpu_topology need a GPU request.
 
 Flat form: without ``groups``, the group keys above (role, replicas, command, resources, cpu, ...)
 are written at the top level and make one group, role "main" unless given.
@@ -103,6 +107,7 @@ from gosched.common.config import NAME_PATTERN
 from gosched.common.errors import QuantityError, SpecError
 from gosched.common.job import (
     AntiAffinity,
+    GpuTopologyMode,
     Job,
     JobKind,
     NodeSelectorTerm,
@@ -162,6 +167,7 @@ _GROUP_KEYS = _RESOURCE_KEYS | {
     "env",
     "resources",
     "gpu_models",
+    "gpu_topology",
     "node_selector",
     "affinity",
     "anti_affinity",
@@ -599,6 +605,16 @@ def _gpu_models(value: object, path: str) -> tuple[str, ...]:
     return tuple(models)
 
 
+def _gpu_topology(value: object, path: str, resources: ResourceRequest) -> GpuTopologyMode:
+    mode = _enum(value, path, GpuTopologyMode)
+    # A required mode on a task asking no GPU is a mistake (it would have nothing to hold to). On
+    # one GPU or a share of one it is met by any GPU, and accepted: a template whose GPU count
+    # varies keeps its mode, and the rule binds whenever the count reaches two.
+    if mode is not GpuTopologyMode.PREFERRED and not resources.wants_gpu:
+        _fail(path, f"{mode.value} needs a GPU request (gpus, gpu_share or gpu_milli)")
+    return mode
+
+
 def _requirement(value: object, path: str) -> Requirement:
     spec = _mapping(value, path, {"key", "operator", "values"})
     key = _label_key(_required(spec, "key", path, "the node label to test"), _at(path, "key"))
@@ -708,6 +724,9 @@ def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
         command=command,
         env=env,
         gpu_models=_gpu_models(spec.get("gpu_models", []), _at(path, "gpu_models")),
+        gpu_topology=_gpu_topology(
+            spec.get("gpu_topology", GpuTopologyMode.PREFERRED.value), _at(path, "gpu_topology"), resources
+        ),
         node_selector=_labels(spec.get("node_selector", {}), _at(path, "node_selector")),
         required_affinity=required,
         preferred_affinity=preferred,
@@ -899,6 +918,8 @@ def _group_to_spec(g: TaskGroup) -> dict[str, Any]:
         out["env"] = dict(g.env)
     if g.gpu_models:
         out["gpu_models"] = list(g.gpu_models)
+    if g.gpu_topology is not GpuTopologyMode.PREFERRED:
+        out["gpu_topology"] = g.gpu_topology.value
     if g.node_selector:
         out["node_selector"] = dict(g.node_selector)
     affinity: dict[str, Any] = {}

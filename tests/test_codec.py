@@ -26,6 +26,7 @@ from gosched.common.codec import (
 )
 from gosched.common.job import (
     AntiAffinity,
+    GpuTopologyMode,
     Job,
     JobKind,
     NodeSelectorTerm,
@@ -190,6 +191,7 @@ VALUES: list[tuple[str, object]] = [
     ("NodeState", NodeState.NOT_READY),
     ("TaskState", TaskState.PREEMPTED),
     ("JobState", JobState.RUNNING),
+    ("GpuTopologyMode", GpuTopologyMode.SINGLE_NUMA_NVLINK),
     ("None", None),
     ("bool", True),
     ("int", -(2**63)),
@@ -294,7 +296,7 @@ def test_wire_format_is_positional() -> None:
     assert isinstance(tag, int)
     assert fields == ["dedicated", "gpu", "NoExecute"]
     assert b"tenant" not in encode(RICH_JOB)  # no field names on the wire
-    assert len(encode(make_job("j").cpu(1).build())) < 80  # a minimal job: ~74 bytes
+    assert len(encode(make_job("j").cpu(1).build())) < 90  # a minimal job: ~85 bytes
 
 
 def test_older_data_without_trailing_fields_gets_defaults() -> None:

@@ -143,7 +143,7 @@ class Toleration(_message.Message):
     def __init__(self, key: _Optional[str] = ..., operator: _Optional[str] = ..., value: _Optional[str] = ..., effect: _Optional[str] = ...) -> None: ...
 
 class TaskGroup(_message.Message):
-    __slots__ = ("role", "replicas", "command", "env", "resources", "gpu_models", "node_selector", "affinity", "anti_affinity", "tolerations", "image")
+    __slots__ = ("role", "replicas", "command", "env", "resources", "gpu_models", "node_selector", "affinity", "anti_affinity", "tolerations", "image", "gpu_topology")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class TaskGroup(_message.Message):
     ANTI_AFFINITY_FIELD_NUMBER: _ClassVar[int]
     TOLERATIONS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    GPU_TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     role: str
     replicas: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -180,7 +181,8 @@ class TaskGroup(_message.Message):
     anti_affinity: _containers.RepeatedCompositeFieldContainer[AntiAffinity]
     tolerations: _containers.RepeatedCompositeFieldContainer[Toleration]
     image: str
-    def __init__(self, role: _Optional[str] = ..., replicas: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., affinity: _Optional[_Union[Affinity, _Mapping]] = ..., anti_affinity: _Optional[_Iterable[_Union[AntiAffinity, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., image: _Optional[str] = ...) -> None: ...
+    gpu_topology: str
+    def __init__(self, role: _Optional[str] = ..., replicas: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., affinity: _Optional[_Union[Affinity, _Mapping]] = ..., anti_affinity: _Optional[_Iterable[_Union[AntiAffinity, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., image: _Optional[str] = ..., gpu_topology: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("id", "tenant", "queue", "priority", "min_member", "preemptible", "kind", "deadline", "labels", "disruption_budget", "submit_time", "submission_id", "groups")
