@@ -103,6 +103,8 @@ DEFAULT_FILTERS = [
     "resources_fit",
     "gpu_model",
     "gpu_memory",
+    "gpu_topology_hardware",  # both: only for tasks whose gpu_topology mode is a required one
+    "gpu_topology_fit",
     "node_selector",
     "node_affinity",
     "container_runtime",
