@@ -5,7 +5,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from gosched.common.job import Job, TaskGroup
-from gosched.common.node import RUNTIME_LABEL, Node, make_node
+from gosched.common.node import RUNTIME_LABEL, Gpu, Node, make_node
 from gosched.common.resources import ResourceRequest
 
 if TYPE_CHECKING:  # runtime.control imports much; the type is all this needs
@@ -37,6 +37,27 @@ def sim_nodes(count: int, *, gpu_every: int = 4, prefix: str = "sim", zones: int
         else:
             nodes.append(make_node(f"{prefix}-{i:05d}", 32_000, 128 * GiB, labels=labels))
     return nodes
+
+
+def hgx_node(name: str, *, numa_known: bool = True, labels: dict[str, str] | None = None) -> Node:
+    """An 8-GPU H100 SXM server as its agent registers it: 2 sockets, GPUs 0-3 on NUMA node 0 and
+    4-7 on NUMA node 1, each GPU NVLinked to every other through the NVSwitches (discovery lists
+    them as peers). `numa_known=False`: as on a VM or a driver that reports no NUMA node (-1)."""
+    gpus = tuple(
+        Gpu(
+            index=i,
+            uuid=f"GPU-{name}-{i}",
+            model="NVIDIA H100 80GB HBM3",
+            memory_mib=81_559,
+            numa_node=i // 4 if numa_known else -1,
+            nvlink_peers=tuple(p for p in range(8) if p != i),
+        )
+        for i in range(8)
+    )
+    node_labels = {"node-type": "gpu", RUNTIME_LABEL: "simulated", **(labels or {})}
+    return Node(
+        name=name, cpu_milli=224_000, memory=2048 * GiB, gpus=gpus, labels=tuple(sorted(node_labels.items()))
+    )
 
 
 def drop_stale_simulated(control: "ControlPlane", given: Sequence[Node]) -> list[str]:
