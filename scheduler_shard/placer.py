@@ -2,7 +2,8 @@
 
 Order: each node set from the Locating plugins (own partition, then all), each topology domain
 from the Grouping plugins; then, if nothing fits, the same with preemption. A failed attempt is
-rolled back so it leaves no trace in the view.
+rolled back so it leaves no trace in the view. Only a job below its min_member preempts (Volcano's
+gang rule): the tasks of an elastic job past its minimum take free room only, in any location.
 
 Soft rules (score plugins marked `soft_rule`: preferences about nodes, not packing) may take a task
 past its location to the next, wider one: when the best node of the own partition scores lower on
@@ -25,10 +26,16 @@ from gosched.scheduler_shard.framework.interfaces import GroupingPlugin, Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
+from gosched.scheduler_shard.plugins.preemption import ForStarvingJobs
 from gosched.scheduler_shard.preemption import find_candidate
 from gosched.scheduler_shard.unit_context import UnitContext
 
 IN_FLIGHT_VICTIMS_NOTE = "lower-priority tasks in the way are still being bound: preempting them next"
+
+
+def past_minimum_note(min_member: int) -> str:
+    """Why tasks of a job that holds (or this attempt placed) its min_member preempt nothing."""
+    return f"past its min_member ({min_member}): waits for free room, as only a job below it preempts"
 
 
 class _Last:
@@ -48,6 +55,8 @@ class Placer:
         self._mask: Mask | None = None
         self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
         self._own: Mask | None = None  # the unit's first location (the own partition), if others follow
+        # The victim searching a task past its job's min_member may still do (capacity reclaim).
+        self._past_minimum = [p for p in profile.victim_searching if not isinstance(p, ForStarvingJobs)]
 
     def schedule_unit(
         self,
@@ -72,7 +81,11 @@ class Placer:
                 domains = list(found)
                 self._grouping = grouping
                 break
-        passes = (False, True) if self.profile.preemption and self.profile.victim_searching else (False,)
+        # Only a job below its min_member preempts by priority (Volcano's gang rule): a retry of a
+        # job whose bound tasks reach it may only reclaim, as may the tasks past it of any unit.
+        may_preempt = self.profile.preemption and self.profile.victim_searching
+        starving = unit.held < unit.job.min_member
+        passes = (False, True) if may_preempt and (starving or self._past_minimum) else (False,)
         # The preemption pass searches the last (widest) location alone: in the own partition
         # first, it evicted there while room was free elsewhere, or evicted more important tasks
         # than the cluster's least important. Shards searching alike would pick the same victims,
@@ -101,7 +114,7 @@ class Placer:
                         if not unplaced:
                             return ctx, None
                         if len(domains) == 1:
-                            return ctx, self._leftover(ctx, state, unplaced, preempt, len(passes) > 1)
+                            return ctx, self._leftover(ctx, state, unplaced, tried[at + 1 :], domain)
                         if best is None or placed > best[0]:
                             best = (placed, domain)
                     ctx.rollback(state)
@@ -109,7 +122,7 @@ class Placer:
                     unplaced = self._try(
                         ctx, state, _both(location, best[1]), victims_of, _within(wider, best[1])
                     )
-                    return ctx, self._leftover(ctx, state, unplaced, preempt, len(passes) > 1)
+                    return ctx, self._leftover(ctx, state, unplaced, tried[at + 1 :], best[1])
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
     def _try(
@@ -119,13 +132,18 @@ class Placer:
         allowed: Mask | None,
         assumed: Callable[[], AbstractSet[str]] | None,
         wider: Wider = LAST,
+        only: list[int] | None = None,
     ) -> list[int]:
-        """One attempt at the unit's tasks on `allowed` rows; with `assumed` (the preemption pass)
-        a task that fits nowhere may evict, never one of those tasks. A task whose best allowed
-        row breaks a soft rule that a fitting row of `wider` (LAST: none) keeps goes there."""
+        """One attempt at the unit's tasks (`only`: these of them, in this order) on `allowed`
+        rows; with `assumed` (the preemption pass) a task that fits nowhere may evict, never one
+        of those tasks, while the job is below its min_member. A task whose best allowed row
+        breaks a soft rule that a fitting row of `wider` (LAST: none) keeps goes there."""
         unit = ctx.unit
         job = unit.job
-        indexes = unit.task_indexes if len(job.groups) == 1 else _largest_first(unit)
+        if only is not None:
+            indexes: tuple[int, ...] | list[int] = only
+        else:
+            indexes = unit.task_indexes if len(job.groups) == 1 else _largest_first(unit)
         need = unit.min_needed
         now = self.clock()
         unplaced: list[int] = []
@@ -190,7 +208,17 @@ class Placer:
                 if assumed is None:
                     unplaced.append(idx)
                     continue
-                candidate = find_candidate(self.profile, entry, state, ctx, allowed, assumed(), self._own)
+                searching = None  # the profile's
+                if unit.held + len(ctx.placements) >= job.min_member:
+                    # The job has its minimum: past it no priority preemption (Volcano's gang
+                    # rule: only a job below its min_member preempts), reclaim alone.
+                    searching = self._past_minimum
+                    if not searching:
+                        unplaced.append(idx)
+                        continue
+                candidate = find_candidate(
+                    self.profile, entry, state, ctx, allowed, assumed(), self._own, searching
+                )
                 if candidate is None:
                     unplaced.append(idx)
                     continue
@@ -221,17 +249,25 @@ class Placer:
         return diagnose(self.profile, tc, state, ctx, note, rules)
 
     def _leftover(
-        self, ctx: UnitContext, state: ClusterArrays, unplaced: list[int], preempted: bool, may_preempt: bool
+        self,
+        ctx: UnitContext,
+        state: ClusterArrays,
+        unplaced: list[int],
+        later: list[Mask | None],
+        domain: Mask | None,
     ) -> Unschedulable | None:
+        """The tasks past the unit's minimum that found no room where it did: they try the
+        later, wider locations (within the domain) for free room, then are unschedulable. Never
+        settling for that: preempting for them is never tried (the job has its minimum), so the
+        verdict holds until room frees, which wakes the job."""
+        for at, location in enumerate(later):
+            if not unplaced:
+                return None
+            wider: Wider = later[at + 1] if at + 1 < len(later) else LAST
+            unplaced = self._try(ctx, state, _both(location, domain), None, _within(wider, domain), unplaced)
         if not unplaced:
             return None
-        leftover = self._unschedulable(ctx, state, unplaced)
-        if not preempted and may_preempt:
-            # The unit placed its minimum without preemption, which was never tried for the rest:
-            # the verdict on them holds only until a retry (min_needed is then 1, and the
-            # preemption pass runs).
-            leftover = replace(leftover, settling=True)
-        return leftover
+        return self._unschedulable(ctx, state, unplaced)
 
     def _unschedulable(self, ctx: UnitContext, state: ClusterArrays, indexes: list[int]) -> Unschedulable:
         unit = ctx.unit
@@ -246,6 +282,13 @@ class Placer:
             diagnosis = self._diagnose(tc, state, ctx, note)
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
+            diagnosis = replace(diagnosis, note=note)
+        if (
+            self.profile.preemption
+            and self.profile.victim_searching
+            and unit.held + len(ctx.placements) >= unit.job.min_member
+        ):
+            note = "; ".join(filter(None, (diagnosis.note, past_minimum_note(unit.job.min_member))))
             diagnosis = replace(diagnosis, note=note)
         if ctx.protected:  # lower-priority tasks were in the way, but a rule kept them
             note = "; ".join(filter(None, (diagnosis.note, protected_note(ctx.protected))))

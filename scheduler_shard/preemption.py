@@ -9,7 +9,7 @@ the profile's CandidateSorting plugins. A victim evicted by an earlier proposal 
 already gone from the view, so it is never claimed twice; across shards the binder checks.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 
 import numpy as np
@@ -18,7 +18,7 @@ from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.messages import floor_kept
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.scheduler_shard.class_cache import ClassEntry, passes_dynamic_filters
-from gosched.scheduler_shard.framework.interfaces import Candidate, Mask
+from gosched.scheduler_shard.framework.interfaces import Candidate, Mask, VictimSearchingPlugin
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
@@ -420,11 +420,15 @@ def find_candidate(
     allowed: Mask | None,
     assumed: AbstractSet[str] = frozenset(),
     own: Mask | None = None,
+    searching: Sequence[VictimSearchingPlugin] | None = None,
 ) -> Candidate | None:
     """The best node and its victims for the task, or None. Tasks in `assumed` (placements of
     this shard's units still awaiting the binder) are never victims: they are not bound, so the
     binder would refuse the proposal, and undoing the two attempts would then restore a task that
-    was never placed. `own`: the shard's partition, whose candidates win at equal harm."""
+    was never placed. `own`: the shard's partition, whose candidates win at equal harm.
+    `searching`: the VictimSearching plugins that may name victims (None: the profile's)."""
+    if searching is None:
+        searching = profile.victim_searching
     tc, unit = entry.tc, ctx.unit
     req = tc.request
     n = state.n
@@ -437,13 +441,15 @@ def find_candidate(
     if allowed is not None:
         base &= allowed
     may_hold: Mask | None = np.zeros(n, np.bool_)
-    for plugin in profile.victim_searching:
+    for plugin in searching:
         rows = plugin.rows_with_victims(unit, state)
         if rows is None or may_hold is None:
             may_hold = None
         else:
             may_hold |= rows
     if may_hold is not None:
+        if not may_hold.any():
+            return None  # no node holds a task these plugins may evict
         base &= may_hold
     for uf in profile.unit_filters:
         if uf.relevant(tc, state):
@@ -453,7 +459,7 @@ def find_candidate(
     candidates: list[Candidate] = []
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     job_id = unit.job.id
-    may_evict = [p.eligible for p in profile.victim_searching]
+    may_evict = [p.eligible for p in searching]
     pricer = Pricer(state, ctx, req)
     # A row where the task would fit if placements still awaiting the binder were victims too.
     held_back = False

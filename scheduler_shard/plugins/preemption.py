@@ -1,10 +1,11 @@
 """Preemption plugins: who may be evicted (victim searching) and which node's victims to take.
 
-priority_victims: preemptible tasks of lower priority. capacity_reclaim: preemptible tasks of a
-queue that borrows beyond its guarantee, when the preemptor's queue reclaims (the dispatcher says
-which queues in Unit.reclaim_from), whatever their priority. Either way a task of another queue is
-a victim only while its queue stays at or above its guarantee floor (see `quota_of`; checked per
-victim set in scheduler_shard/preemption.py). lexicographic: fewest-harm order.
+priority_victims: preemptible tasks of lower priority, for a job below its min_member only
+(`ForStarvingJobs`). capacity_reclaim: preemptible tasks of a queue that borrows beyond its
+guarantee, when the preemptor's queue reclaims (the dispatcher says which queues in
+Unit.reclaim_from), whatever their priority, for any task of the unit. Either way a task of another
+queue is a victim only while its queue stays at or above its guarantee floor (see `quota_of`;
+checked per victim set in scheduler_shard/preemption.py). lexicographic: fewest-harm order.
 """
 
 from dataclasses import dataclass
@@ -42,8 +43,15 @@ def quota_of(unit: Unit) -> Quota:
     return _quota(unit.reclaim_from, unit.floors)
 
 
+class ForStarvingJobs:
+    """Marks a VictimSearching plugin whose victims serve only a job below its min_member: the
+    tasks of an elastic job past its minimum take free room only (Volcano's gang rule for its
+    preempt action). Capacity reclaim is no such plugin: a queue below its guarantee takes room
+    back for any of its tasks (Volcano's reclaim action asks no job whether it starves)."""
+
+
 @register
-class PriorityVictims(VictimSearchingPlugin):
+class PriorityVictims(VictimSearchingPlugin, ForStarvingJobs):
     name = "priority_victims"
 
     def eligible(self, unit: Unit, victim: Resident) -> bool:
