@@ -4,13 +4,16 @@ Per node (as kube-scheduler does): remove every eligible victim, check the task 
 victims from the most important down while it still fits. A victim set is priced (Pricer) with
 the gangs it breaks, and refused if it breaks a disruption budget or takes a queue below its
 guarantee floor; then the search runs once more with the victims those rules protect reprieved
-first (kube-scheduler reprieves its PDB-violating pods first). The candidate nodes are ordered by
-the profile's CandidateSorting plugins. A victim evicted by an earlier proposal of this shard is
-already gone from the view, so it is never claimed twice; across shards the binder checks.
+first (kube-scheduler reprieves its PDB-violating pods first). A node a unit filter excludes only
+for tasks on it (anti-affinity, `ClearedByEviction`) is searched too, with those tasks victims
+the reprieve never lets back. The candidate nodes are ordered by the profile's CandidateSorting
+plugins. A victim evicted by an earlier proposal of this shard is already gone from the view, so
+it is never claimed twice; across shards the binder checks.
 """
 
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -279,17 +282,19 @@ def victims_on_row(
     row: int,
     eligible: list[Resident],
     pricer: Pricer,
+    forced: AbstractSet[str] = frozenset(),
 ) -> PricedCandidate | None:
     """Smallest victim set on `row` (after reprieve) that lets the task fit, priced with what its
-    gang breaks take; None if none does or the set breaks a budget or a queue floor."""
+    gang breaks take; None if none does or the set breaks a budget or a queue floor. The tasks
+    of `eligible` named in `forced` are never reprieved (their anti-affinity keeps the task off)."""
     tc = entry.tc
     req = tc.request
     wants_extended = any(amount > 0 for _, amount in req.extended)  # as resources_fit: 0 asks nothing
     arithmetic = not req.wants_gpu and not wants_extended and not any(r.gpus or r.extended for r in eligible)
     if arithmetic:
-        victims = _cpu_memory_victims(tc, state, row, eligible)
+        victims = _cpu_memory_victims(tc, state, row, eligible, forced=forced)
     else:
-        victims = _victims_by_trial(entry, state, row, eligible)
+        victims = _victims_by_trial(entry, state, row, eligible, forced=forced)
     if not victims:
         return None
     price = pricer.price(victims)
@@ -299,9 +304,9 @@ def victims_on_row(
         # first: only here, so the usual case (the first set passes) costs nothing more.
         order = _protected_first(eligible, pricer)
         if arithmetic:
-            victims = _cpu_memory_victims(tc, state, row, eligible, order)
+            victims = _cpu_memory_victims(tc, state, row, eligible, order, forced)
         else:
-            victims = _victims_by_trial(entry, state, row, eligible, order)
+            victims = _victims_by_trial(entry, state, row, eligible, order, forced)
         assert victims, "all of `eligible` gone lets the task fit, as in the first search"
         price = pricer.price(victims)
         if price is None:
@@ -343,6 +348,7 @@ def _cpu_memory_victims(
     row: int,
     eligible: list[Resident],
     order: ReprieveOrder = _reprieve_order,
+    forced: AbstractSet[str] = frozenset(),
 ) -> list[Resident] | None:
     """The same remove-all-then-reprieve search in plain arithmetic, for CPU/memory-only work."""
     req = tc.request
@@ -352,7 +358,9 @@ def _cpu_memory_victims(
         return None
     victims: list[Resident] = []
     for r in sorted(eligible, key=order):
-        if cpu_free - r.cpu_milli >= req.cpu_milli and mem_free - r.memory >= req.memory:
+        if r.task_id in forced:
+            victims.append(r)
+        elif cpu_free - r.cpu_milli >= req.cpu_milli and mem_free - r.memory >= req.memory:
             cpu_free -= r.cpu_milli  # reprieved: it stays
             mem_free -= r.memory
         else:
@@ -366,6 +374,7 @@ def _victims_by_trial(
     row: int,
     eligible: list[Resident],
     order: ReprieveOrder = _reprieve_order,
+    forced: AbstractSet[str] = frozenset(),
 ) -> list[Resident] | None:
     """Remove-all-then-reprieve on the view itself, so GPU assignment decides what fits."""
     removed: list[Resident] = []
@@ -377,6 +386,9 @@ def _victims_by_trial(
             return None
         victims: list[Resident] = []
         for r in sorted(removed, key=order):
+            if r.task_id in forced:
+                victims.append(r)
+                continue
             state.place(row, r)
             if not fits_row(entry, state, row):
                 state.release(r.task_id)
@@ -386,6 +398,16 @@ def _victims_by_trial(
         for r in removed:
             if r.task_id not in state.task_row:
                 state.place(row, r)
+
+
+@runtime_checkable
+class ClearedByEviction(Protocol):
+    """A unit filter that can say which of the rows it excludes evicting tasks on the row itself
+    would clear, and those tasks (AntiAffinityFilter)."""
+
+    def evictable_blockers(
+        self, tc: TaskClass, ctx: UnitContext, state: ClusterArrays
+    ) -> dict[int, list[Resident]]: ...
 
 
 # As kube-scheduler: stop searching once this many candidate nodes are found (at least 100, 10%).
@@ -451,10 +473,22 @@ def find_candidate(
         if not may_hold.any():
             return None  # no node holds a task these plugins may evict
         base &= may_hold
+    # Per row a unit filter excludes only for tasks on it that evicting clears (anti-affinity):
+    # those tasks, which must all be victims there (kube-scheduler's preemption takes the
+    # lower-priority pods off a node and runs the filters again).
+    blocked: dict[int, list[Resident]] = {}
     for uf in profile.unit_filters:
         if uf.relevant(tc, state):
             excluded = uf.excluded(tc, ctx, state)
             if excluded is not None:
+                if isinstance(uf, ClearedByEviction) and (excluded & base).any():
+                    clearable = uf.evictable_blockers(tc, ctx, state)
+                    if clearable:
+                        back = np.zeros(n, np.bool_)
+                        back[list(clearable)] = True
+                        excluded = excluded & ~back
+                        for row, tasks in clearable.items():
+                            blocked.setdefault(row, []).extend(tasks)
                 base &= ~excluded
     candidates: list[Candidate] = []
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
@@ -474,6 +508,7 @@ def find_candidate(
         in_flight: list[Resident] = []
         kept: list[Resident] = []  # lower-priority tasks a rule protects
         rules: set[str] = set()
+        blockers = blocked.get(row)
         for r in residents.values():
             if r.job_id == job_id:
                 continue
@@ -487,15 +522,23 @@ def find_candidate(
             else:
                 kept.append(r)
                 rules.add(pricer.refused)
+        forced: frozenset[str] = frozenset()
+        stuck = False  # a task whose anti-affinity keeps the task off may not be evicted now
+        if blockers is not None:
+            forced = frozenset(r.task_id for r in blockers)
+            missing = forced.difference(r.task_id for r in eligible)
+            if missing and not missing <= {r.task_id for r in (*in_flight, *kept)}:
+                continue  # one no eviction may take: higher priority, not preemptible
+            stuck = bool(missing)  # it awaits the binder, or a rule protects it: the tallies say
         if in_flight and not held_back:
             held_back = could_fit(tc, state, row, eligible + in_flight)
         if kept and could_fit(tc, state, row, eligible + in_flight + kept):
             for why in rules:
                 protected[why] = protected.get(why, 0) + 1
-        if not eligible or not could_fit(tc, state, row, eligible):
+        if stuck or not eligible or not could_fit(tc, state, row, eligible):
             continue
         pricer.refused = ""
-        candidate = victims_on_row(entry, state, row, eligible, pricer)
+        candidate = victims_on_row(entry, state, row, eligible, pricer, forced)
         if candidate is not None:
             candidate.remote = own is not None and not own[row]
             candidates.append(candidate)
