@@ -55,6 +55,7 @@ class Placer:
         self._mask: Mask | None = None
         self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
         self._own: Mask | None = None  # the unit's first location (the own partition), if others follow
+        self._preempts = bool(profile.preemption and profile.victim_searching)
         # The victim searching a task past its job's min_member may still do (capacity reclaim).
         self._past_minimum = [p for p in profile.victim_searching if not isinstance(p, ForStarvingJobs)]
 
@@ -83,9 +84,8 @@ class Placer:
                 break
         # Only a job below its min_member preempts by priority (Volcano's gang rule): a retry of a
         # job whose bound tasks reach it may only reclaim, as may the tasks past it of any unit.
-        may_preempt = self.profile.preemption and self.profile.victim_searching
-        starving = unit.held < unit.job.min_member
-        passes = (False, True) if may_preempt and (starving or self._past_minimum) else (False,)
+        preempting = self._preempts and (unit.held < unit.job.min_member or self._past_minimum)
+        passes = (False, True) if preempting else (False,)
         # The preemption pass searches the last (widest) location alone: in the own partition
         # first, it evicted there while room was free elsewhere, or evicted more important tasks
         # than the cluster's least important. Shards searching alike would pick the same victims,
@@ -283,11 +283,7 @@ class Placer:
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
             diagnosis = replace(diagnosis, note=note)
-        if (
-            self.profile.preemption
-            and self.profile.victim_searching
-            and unit.held + len(ctx.placements) >= unit.job.min_member
-        ):
+        if self._preempts and unit.held + len(ctx.placements) >= unit.job.min_member:
             note = "; ".join(filter(None, (diagnosis.note, past_minimum_note(unit.job.min_member))))
             diagnosis = replace(diagnosis, note=note)
         if ctx.protected:  # lower-priority tasks were in the way, but a rule kept them
