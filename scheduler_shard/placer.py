@@ -114,7 +114,15 @@ class Placer:
                         if not unplaced:
                             return ctx, None
                         if len(domains) == 1:
-                            return ctx, self._leftover(ctx, state, unplaced, tried[at + 1 :], domain)
+                            return ctx, self._leftover(
+                                ctx,
+                                state,
+                                unplaced,
+                                tried[at + 1 :],
+                                domain,
+                                None if preempt else assumed,
+                                locations[-1],
+                            )
                         if best is None or placed > best[0]:
                             best = (placed, domain)
                     ctx.rollback(state)
@@ -122,7 +130,15 @@ class Placer:
                     unplaced = self._try(
                         ctx, state, _both(location, best[1]), victims_of, _within(wider, best[1])
                     )
-                    return ctx, self._leftover(ctx, state, unplaced, tried[at + 1 :], best[1])
+                    return ctx, self._leftover(
+                        ctx,
+                        state,
+                        unplaced,
+                        tried[at + 1 :],
+                        best[1],
+                        None if preempt else assumed,
+                        locations[-1],
+                    )
         return None, self._unschedulable(ctx, state, list(unit.task_indexes))
 
     def _try(
@@ -255,16 +271,22 @@ class Placer:
         unplaced: list[int],
         later: list[Mask | None],
         domain: Mask | None,
+        assumed: Callable[[], AbstractSet[str]] | None,
+        last: Mask | None,
     ) -> Unschedulable | None:
         """The tasks past the unit's minimum that found no room where it did: they try the
-        later, wider locations (within the domain) for free room, then are unschedulable. Never
-        settling for that: preempting for them is never tried (the job has its minimum), so the
-        verdict holds until room frees, which wakes the job."""
+        later, wider locations (within the domain) for free room, then, with `assumed` (the pass
+        searched no victims for them), the `last` location with the victim search left to tasks
+        past a job's minimum (capacity reclaim); the rest are unschedulable. Not settling for
+        that: priority preemption is no option for them, so the verdict holds until room frees,
+        which wakes the job."""
         for at, location in enumerate(later):
             if not unplaced:
                 return None
             wider: Wider = later[at + 1] if at + 1 < len(later) else LAST
             unplaced = self._try(ctx, state, _both(location, domain), None, _within(wider, domain), unplaced)
+        if unplaced and assumed is not None and self._preempts and self._past_minimum:
+            unplaced = self._try(ctx, state, _both(last, domain), assumed, LAST, unplaced)
         if not unplaced:
             return None
         return self._unschedulable(ctx, state, unplaced)

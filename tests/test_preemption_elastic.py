@@ -149,15 +149,17 @@ def test_extras_past_the_own_partition_take_free_room_elsewhere_at_once() -> Non
     assert out.unschedulable == []
 
 
-def test_extras_past_the_minimum_still_reclaim_from_a_borrowing_queue() -> None:
+@pytest.mark.parametrize("borrowed", [2, 1], ids=["no free room", "room for the minimum"])
+def test_extras_past_the_minimum_still_reclaim_from_a_borrowing_queue(borrowed: int) -> None:
     # Capacity reclaim is a queue's guarantee, not the job's gang: Volcano's reclaim action asks
-    # no job whether it starves.
-    borrow = make_job("borrow").cpu("4").replicas(2).priority(500).queue("q1").build()
-    shard = shard_with([make_node("n").cpu("8").build()], [(borrow, 0, "n", ()), (borrow, 1, "n", ())])
+    # no job whether it starves. With room for its minimum the rest reclaims in the same attempt.
+    borrow = make_job("borrow").cpu("4").replicas(borrowed).priority(500).queue("q1").build()
+    shard = shard_with([make_node("n").cpu("8").build()], [(borrow, i, "n", ()) for i in range(borrowed)])
     job = make_job("el").cpu("4").replicas(2).min_member(1).queue("q2").build()
     out = shard.schedule(UnitBatch(0, [Unit(job, (0, 1), 1, held=0, reclaim_from=frozenset({"q1"}))]))
     placements = out.proposals[0].placements
-    assert len(placements) == 2 and {v for p in placements for v in p.victims} == {"borrow/0", "borrow/1"}
+    assert len(placements) == 2 and out.unschedulable == []
+    assert {v for p in placements for v in p.victims} == {f"borrow/{i}" for i in range(borrowed)}
 
 
 # -- a victim's tasks past its own min_member are cheap: no gang break --------------------------------
