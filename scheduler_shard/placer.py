@@ -2,8 +2,10 @@
 
 Order: each node set from the Locating plugins (own partition, then all), each topology domain
 from the Grouping plugins; then, if nothing fits, the same with preemption. A failed attempt is
-rolled back so it leaves no trace in the view. Only a job below its min_member preempts (Volcano's
-gang rule): the tasks of an elastic job past its minimum take free room only, in any location.
+rolled back so it leaves no trace in the view. A gang (min_member above 1) preempts only while
+it is below its min_member (Volcano's gang rule): the tasks of an elastic gang past its minimum take
+free room only, in any location. A job of min_member 1 is no gang: each of its tasks preempts, as
+a Kubernetes pod does.
 
 Soft rules (score plugins marked `soft_rule`: preferences about nodes, not packing) may take a task
 past its location to the next, wider one: when the best node of the own partition scores lower on
@@ -33,9 +35,18 @@ from gosched.scheduler_shard.unit_context import UnitContext
 IN_FLIGHT_VICTIMS_NOTE = "lower-priority tasks in the way are still being bound: preempting them next"
 
 
+def gang_has_minimum(unit: Unit, placed: int) -> bool:
+    """The unit's job is a gang (min_member above 1) whose bound tasks and `placed` reach its
+    min_member: its other tasks do not preempt by priority. A job of min_member 1 is no gang, but
+    tasks that each stand alone, so each preempts (its default min_member must not make every
+    multi-task job elastic)."""
+    min_member = unit.job.min_member
+    return min_member > 1 and unit.held + placed >= min_member
+
+
 def past_minimum_note(min_member: int) -> str:
     """Why tasks of a job that holds (or this attempt placed) its min_member preempt nothing."""
-    return f"past its min_member ({min_member}): waits for free room, as only a job below it preempts"
+    return f"past its min_member ({min_member}): waits for free room, as only a gang below it preempts"
 
 
 class _Last:
@@ -82,9 +93,9 @@ class Placer:
                 domains = list(found)
                 self._grouping = grouping
                 break
-        # Only a job below its min_member preempts by priority (Volcano's gang rule): a retry of a
-        # job whose bound tasks reach it may only reclaim, as may the tasks past it of any unit.
-        preempting = self._preempts and (unit.held < unit.job.min_member or self._past_minimum)
+        # A gang preempts by priority only below its min_member (Volcano's gang rule): a retry of
+        # a gang whose bound tasks reach it may only reclaim, as may the tasks past it of any unit.
+        preempting = self._preempts and (not gang_has_minimum(unit, 0) or bool(self._past_minimum))
         passes = (False, True) if preempting else (False,)
         # The preemption pass searches the last (widest) location alone: in the own partition
         # first, it evicted there while room was free elsewhere, or evicted more important tasks
@@ -225,9 +236,9 @@ class Placer:
                     unplaced.append(idx)
                     continue
                 searching = None  # the profile's
-                if unit.held + len(ctx.placements) >= job.min_member:
-                    # The job has its minimum: past it no priority preemption (Volcano's gang
-                    # rule: only a job below its min_member preempts), reclaim alone.
+                if gang_has_minimum(unit, len(ctx.placements)):
+                    # The gang has its minimum: past it no priority preemption (Volcano's gang
+                    # rule: only a gang below its min_member preempts), reclaim alone.
                     searching = self._past_minimum
                     if not searching:
                         unplaced.append(idx)
@@ -276,16 +287,18 @@ class Placer:
     ) -> Unschedulable | None:
         """The tasks past the unit's minimum that found no room where it did: they try the
         later, wider locations (within the domain) for free room, then, with `assumed` (the pass
-        searched no victims for them), the `last` location with the victim search left to tasks
-        past a job's minimum (capacity reclaim); the rest are unschedulable. Not settling for
-        that: priority preemption is no option for them, so the verdict holds until room frees,
-        which wakes the job."""
+        searched no victims for them), the `last` location with a victim search: the profile's for
+        tasks that each stand alone (min_member 1), capacity reclaim alone past a gang's minimum.
+        The rest are unschedulable, and not settling: nothing is left untried, so the verdict
+        holds until room frees, which wakes the job."""
         for at, location in enumerate(later):
             if not unplaced:
                 return None
             wider: Wider = later[at + 1] if at + 1 < len(later) else LAST
             unplaced = self._try(ctx, state, _both(location, domain), None, _within(wider, domain), unplaced)
-        if unplaced and assumed is not None and self._preempts and self._past_minimum:
+        if unplaced and assumed is not None and self._preempts:
+            # _try's victim search: the profile's for tasks that each stand alone (min_member 1),
+            # reclaim alone past a gang's minimum (none: the tasks stay unplaced).
             unplaced = self._try(ctx, state, _both(last, domain), assumed, LAST, unplaced)
         if not unplaced:
             return None
@@ -305,7 +318,7 @@ class Placer:
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
             diagnosis = replace(diagnosis, note=note)
-        if self._preempts and unit.held + len(ctx.placements) >= unit.job.min_member:
+        if self._preempts and gang_has_minimum(unit, len(ctx.placements)):
             note = "; ".join(filter(None, (diagnosis.note, past_minimum_note(unit.job.min_member))))
             diagnosis = replace(diagnosis, note=note)
         if ctx.protected:  # lower-priority tasks were in the way, but a rule kept them

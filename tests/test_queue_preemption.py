@@ -153,8 +153,7 @@ def test_two_shards_planning_on_stale_views_do_not_take_a_queue_below_its_floor(
     p.submit(make_job("sa").cpu("1").gpu_share(500).replicas(6).min_member(1).queue("a").build())
     p.run_until_idle()
     assert gpu_use(p, "a") == 3000
-    # Three jobs, not one of three tasks: past its min_member a job takes free room only.
-    p.submit_many([make_job(f"wb{i}").cpu("1").gpus(1).priority(100).queue("b").build() for i in range(3)])
+    p.submit(make_job("wb").cpu("1").gpus(1).replicas(3).min_member(1).priority(100).queue("b").build())
     for _ in range(40):  # after every round, not only once settled: a dip is reclaimed later
         progressed = p.step()
         assert gpu_use(p, "a") >= 2000
@@ -200,14 +199,13 @@ def test_a_queue_does_not_swap_itself_below_its_guarantee_and_reclaim_for_ever(t
     assert all(n == 1 for n in evicted.values()), evicted
 
 
-@pytest.mark.parametrize("replicas, min_member, swapped", [(1, 1, 1), (2, 2, 2), (2, 1, 1)])
+@pytest.mark.parametrize("replicas, min_member", [(1, 1), (2, 2), (2, 1)])
 def test_a_queue_at_its_floor_still_swaps_its_own_tasks_by_priority(
-    tmp_path: Path, replicas: int, min_member: int, swapped: int
+    tmp_path: Path, replicas: int, min_member: int
 ) -> None:
     # Queue a holds exactly its floor (4 cpus) with low-priority tasks; a's higher-priority job
     # swaps them and keeps a at its floor. Its second task once saw its first one's victim taken
-    # but not its first one placed, judged a below its floor, and was never placed. An elastic
-    # job swaps only up to its min_member: its task past it waits for free room.
+    # but not its first one placed, judged a below its floor, and was never placed.
     nodes = [make_node(f"n{i}").cpu("2").mem("4Gi").build() for i in range(4)]
     p, evicted = pipeline(tmp_path, nodes, queues=[Q(name="a", guarantee=0.5), Q(name="b")])
     p.submit_many(
@@ -231,8 +229,8 @@ def test_a_queue_at_its_floor_still_swaps_its_own_tasks_by_priority(
     for _ in range(20):
         if not p.step():
             break
-    assert held(p, "ahigh") == swapped
-    assert sum(evicted.values()) == swapped and held(p, "alow") == 2 - swapped
+    assert held(p, "ahigh") == replicas
+    assert sum(evicted.values()) == replicas and held(p, "alow") == 2 - replicas
 
 
 def test_reclaim_rule_and_floors_in_the_units() -> None:
