@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Any
 
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
 from gosched.binder.fastpath import NO_CLEAN, CleanSet, find_clean
@@ -41,7 +42,7 @@ from gosched.binder.stages import (
 )
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.binder.writer import StoreWriter
-from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.cluster_state import NO_VICTIM, ClusterArrays, Resident
 from gosched.common.job import split_task_id
 from gosched.common.messages import (
     AcceptedUnit,
@@ -87,6 +88,22 @@ class _Outcome:
     rejected: list[RejectedUnit] = field(default_factory=list)
     evicted: list[Eviction] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class BoundRows:
+    """A commit's changes when all of them are the fast path's bindings (the usual batch): those
+    after version `start`, as each TaskBound's node and its resident's field values in order (what
+    fast_pickle.rows_of reads), gathered while the records were made. runtime/packed_changes.py
+    packs them without reading every resident back (messages.TaskBoundRows)."""
+
+    start: int
+    nodes: list[str]
+    rows: list[tuple[Any, ...]]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
 
 
 @dataclass(slots=True)
@@ -144,6 +161,8 @@ class Binder:
             self.store.set_version(base)  # a restart before any change still starts a new epoch
         self._recover(base)
         self.log = ChangeLog(base=base, max_entries=max_log_entries)
+        # The last commit's bindings as rows, when they were all its changes (see BoundRows).
+        self.last_bound: BoundRows | None = None
 
     # -- recovery -----------------------------------------------------------------------------------
     def _recover(self, base: int) -> None:
@@ -316,11 +335,14 @@ class Binder:
         changes: list[Change] = []
         seen = batch.seen_version
         clean = find_clean(self.truth, proposals, seen) if self.vectorised and proposals else NO_CLEAN
+        as_rows: BoundRows | None = None
         if len(clean) == len(proposals):
             # Every proposal is clean (the usual batch): its answers go straight into the reply.
-            self._bind_clean(proposals, clean, now, writes, reply.accepted, changes)
+            as_rows = BoundRows(self.version, [], [])
+            self._bind_clean(proposals, clean, now, writes, reply.accepted, changes, as_rows)
         else:
             self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
+        self.last_bound = as_rows
         if changes:
             bound, states = writes.split()
             version = self.version + len(changes)
@@ -379,14 +401,20 @@ class Binder:
         writes: _Writes,
         accepted: list[AcceptedUnit],
         changes: list[Change],
+        bound: BoundRows | None = None,
     ) -> None:
         """Bind the batch's clean proposals at once (see fastpath.py): one AcceptedUnit per unit
-        onto `accepted`, one TaskBound per placement onto `changes`, in order."""
+        onto `accepted`, one TaskBound per placement onto `changes`, in order; each TaskBound's
+        node and resident row onto `bound` (when given)."""
         residents: list[Resident] = []
         binds = writes.clean_binds
         tids = clean.tids  # in placement order, as the loop below takes them
+        victim_priority: list[int] = []  # per placement, for the rows' victim bound (place_many)
+        job_tasks = self.truth.job_tasks
+        b_nodes = bound.nodes if bound is not None else None
+        b_rows = bound.rows if bound is not None else []
         k = 0
-        new_resident = object.__new__
+        new = object.__new__
         for i in clean.index:
             p = proposals[i]
             job = p.job
@@ -395,6 +423,15 @@ class Binder:
             single = groups[0] if len(groups) == 1 else None
             standing = p.standing
             placements = p.placements
+            priority = job.priority
+            preemptible = job.preemptible
+            queue = job.queue
+            tenant = job.tenant
+            labels = job.labels
+            min_member = job.min_member
+            budget = job.disruption_budget
+            offers = priority if preemptible else NO_VICTIM
+            held = job_tasks.get(jid)
             for pl in placements:
                 group = single if single is not None else job.group_of(pl.task_index)
                 req = group.resources
@@ -402,38 +439,64 @@ class Binder:
                 gpus = pl.gpus
                 tid = tids[k]
                 k += 1
+                cpu = req.cpu_milli
+                memory = req.memory
+                extended = req.extended
+                role = group.role
                 # Resident.for_task's record, made here from what the fast path already has (the
                 # task id), its slots written in this frame: a dataclass __init__ call costs as much
                 # again. Every field is set (the tests compare these with the stages' records). A
                 # clean job has no anti-affinity rule: it repels nothing.
-                r = new_resident(Resident)
+                r = new(Resident)
                 r.task_id = tid
                 r.job_id = jid
-                r.cpu_milli = req.cpu_milli
-                r.memory = req.memory
+                r.cpu_milli = cpu
+                r.memory = memory
                 r.gpus = gpus
-                r.extended = req.extended
-                r.priority = job.priority
-                r.preemptible = job.preemptible
-                r.queue = job.queue
-                r.tenant = job.tenant
+                r.extended = extended
+                r.priority = priority
+                r.preemptible = preemptible
+                r.queue = queue
+                r.tenant = tenant
                 r.start_time = now
-                r.job_labels = job.labels
-                r.role = group.role
-                r.min_member = job.min_member
-                r.disruption_budget = job.disruption_budget
+                r.job_labels = labels
+                r.role = role
+                r.min_member = min_member
+                r.disruption_budget = budget
                 r.repels = ()
                 r.standing = standing
                 residents.append(r)
-                changes.append(TaskBound(node, r))
+                victim_priority.append(offers)
+                if held is None:
+                    held = job_tasks[jid] = {tid}
+                else:
+                    held.add(tid)
+                change = new(TaskBound)  # TaskBound(node, r), likewise
+                change.node = node
+                change.resident = r
+                changes.append(change)
                 binds.append((tid, node, gpus))
+                if b_nodes is not None:
+                    # The resident's field values in order (fast_pickle.rows_of(Resident)), for
+                    # the change segment: read back from the record they would cost twice this.
+                    b_nodes.append(node)
+                    b_rows.append(
+                        (tid, jid, cpu, memory, gpus, extended, priority, preemptible, queue, tenant,
+                         now, labels, role, min_member, budget, (), standing)
+                    )  # fmt: skip
             # One placement (the usual unit) spares map() and tuple(); clean: no victims.
             if len(placements) == 1:
                 indexes: tuple[int, ...] = (placements[0].task_index,)
             else:
                 indexes = tuple(map(_TASK_INDEX, placements))
-            accepted.append(AcceptedUnit(jid, p.attempt, indexes, now))
-        self.truth.place_many(clean.rows, residents)
+            unit = new(AcceptedUnit)  # AcceptedUnit(jid, p.attempt, indexes, now), likewise
+            unit.job_id = jid
+            unit.attempt = p.attempt
+            unit.task_indexes = indexes
+            unit.bind_time = now
+            unit.victims = ()
+            accepted.append(unit)
+        self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
         """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays
+from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, PlainUsage
 from gosched.common.job import TaskGroup, split_task_id
 from gosched.common.messages import Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
@@ -47,6 +47,9 @@ class CleanSet:
     index: list[int]  # position of each clean proposal in the batch, in batch order
     rows: list[int]  # row of each of their placements: proposal by proposal, in placement order
     tids: list[str]  # task id of each of those placements, likewise
+    # Where no placement of the batch names GPUs or asks for any GPU or extended resource (the
+    # usual batch) and all are clean: each placement's cpu and memory, likewise. None otherwise.
+    plain: PlainUsage | None = None
 
     def __len__(self) -> int:
         return len(self.index)
@@ -96,6 +99,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     single_slot = -1
     total = 0
     repels = False
+    all_plain = True  # no placement so far names GPUs or asks for a GPU or extended resource
 
     for i, p in enumerate(proposals):
         job = p.job
@@ -144,6 +148,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
             d_slot.append(slot)
             gpus = pl.gpus
             if gpus or not plain[slot]:
+                all_plain = False
                 clean = extra.add(a, row, req, gpus, clean and tid not in task_row)
             elif clean and tid in task_row:  # an unschedulable node makes its rows hot, below
                 clean = False
@@ -187,8 +192,10 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     slots = np.array(d_slot, np.int64)
     cpu = np.zeros(k, np.int64)
     mem = np.zeros(k, np.int64)
-    np.add.at(cpu, at, np.array([r.cpu_milli for r in reqs], np.int64)[slots])
-    np.add.at(mem, at, np.array([r.memory for r in reqs], np.int64)[slots])
+    d_cpu = np.array([r.cpu_milli for r in reqs], np.int64)[slots]
+    d_mem = np.array([r.memory for r in reqs], np.int64)[slots]
+    np.add.at(cpu, at, d_cpu)
+    np.add.at(mem, at, d_mem)
     hot = (
         ~a.schedulable[touched]
         | (state.rules_version[touched] > seen_version)
@@ -209,7 +216,7 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     if not hot_rows and len(maybe) == len(proposals):
         # Every proposal clean (the usual batch): each placement gave one demand and one task id,
         # in order, so the columns are those already gathered.
-        return CleanSet(maybe, d_rows, tids)
+        return CleanSet(maybe, d_rows, tids, PlainUsage(tids, d_cpu, d_mem) if all_plain else None)
     # Otherwise gather the clean proposals' columns again (their nodes all exist).
     out = CleanSet([], [], [])
     for i in maybe:

@@ -5,7 +5,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
+from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, PlainUsage, Resident
 from gosched.common.job import Job
 from gosched.common.messages import Change, NodeUpserted, TaskBound
 from gosched.common.node import Node
@@ -168,6 +168,20 @@ class BinderState:
                 job_tasks[jid] = {r.task_id}
             else:
                 tasks.add(r.task_id)
+        if self._queue_use:
+            for r in residents:
+                self._count_queue(r, 1)
+
+    def place_clean(
+        self,
+        rows: Sequence[int],
+        residents: Sequence[Resident],
+        plain: PlainUsage | None,
+        victim_priority: Sequence[int],
+    ) -> None:
+        """Place the fast path's residents (see ClusterArrays.place_many for `plain` and
+        `victim_priority`). job_tasks is the caller's: it adds each task as it makes the record."""
+        self.arrays.place_many(rows, residents, plain, victim_priority)
         if self._queue_use:
             for r in residents:
                 self._count_queue(r, 1)

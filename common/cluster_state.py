@@ -97,6 +97,17 @@ class Resident:
         )
 
 
+@dataclass(slots=True)
+class PlainUsage:
+    """What placing residents that hold no GPUs or extended resources and repel nothing takes,
+    as columns (one entry per resident, in order): what ClusterArrays.place_many would otherwise
+    read from each record. The binder's fast path has them at hand."""
+
+    task_ids: Sequence[str]
+    cpu: I64
+    memory: I64
+
+
 @dataclass
 class ClusterArrays:
     capacity: int = 64
@@ -381,19 +392,41 @@ class ClusterArrays:
         if (old.priority, old.preemptible) != (r.priority, r.preemptible):
             self.stale_victim_rows.add(row)
 
-    def place_many(self, rows: Sequence[int], residents: Sequence[Resident]) -> None:
+    def place_many(
+        self,
+        rows: Sequence[int],
+        residents: Sequence[Resident],
+        plain: PlainUsage | None = None,
+        victim_priority: Sequence[int] | None = None,
+    ) -> None:
         """place() for many residents at once, usage added with numpy (callers have checked fit;
-        no task may appear twice). A shard applies every binding in the cluster this way."""
+        no task may appear twice). A shard applies every binding in the cluster this way.
+
+        `plain`: the residents' task ids, cpu and memory, for residents that hold no GPUs or
+        extended resources and repel nothing (the caller vouches for it). `victim_priority`: the
+        priority each offers as a victim (its priority if preemptible, else NO_VICTIM)."""
         n = len(rows)
         if n < 8:  # numpy's per-call cost outweighs the loop
             for row, r in zip(rows, residents, strict=True):
                 self.place(row, r)
             return
         row_arr = np.fromiter(rows, np.int64, n)
+        if victim_priority is None:
+            prio = np.fromiter((r.priority if r.preemptible else NO_VICTIM for r in residents), np.int64, n)
+        else:
+            prio = np.fromiter(victim_priority, np.int64, n)
+        np.minimum.at(self.victim_priority_bound, row_arr, prio)
+        if plain is not None:
+            np.add.at(self.cpu_used, row_arr, plain.cpu)
+            np.add.at(self.mem_used, row_arr, plain.memory)
+            residents_of = self.residents
+            for row, tid, r in zip(rows, plain.task_ids, residents, strict=True):
+                residents_of[row][tid] = r
+            self.task_row.update(zip(plain.task_ids, rows, strict=True))
+            self.dirty_log.extend(rows)
+            return
         np.add.at(self.cpu_used, row_arr, np.fromiter((r.cpu_milli for r in residents), np.int64, n))
         np.add.at(self.mem_used, row_arr, np.fromiter((r.memory for r in residents), np.int64, n))
-        prio = np.fromiter((r.priority if r.preemptible else NO_VICTIM for r in residents), np.int64, n)
-        np.minimum.at(self.victim_priority_bound, row_arr, prio)
         ext: list[tuple[int, int, int]] = []
         gpu: list[tuple[int, int, int]] = []
         residents_of = self.residents

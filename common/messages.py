@@ -270,6 +270,22 @@ def _change_list(
     return [next(taken) if c is None else c for c in others]
 
 
+class TaskBoundRows:
+    """TaskBound changes given as each one's node and its resident's field values in order (what
+    fast_pickle.rows_of(Resident) reads): packed as a ChangeList of those changes is, so they come
+    back as the same TaskBound objects, without reading every resident (the binder has the rows
+    from making the records)."""
+
+    __slots__ = ("nodes", "rows")
+
+    def __init__(self, nodes: list[str], rows: list[tuple[Any, ...]]) -> None:
+        self.nodes = nodes
+        self.rows = rows
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _change_list, (self.nodes, self.rows, None)
+
+
 @fast_pickle
 @dataclass(slots=True)
 class AcceptedUnit:

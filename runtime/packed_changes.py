@@ -10,7 +10,7 @@ from bisect import bisect_left
 
 from gosched.binder.binder import Binder
 from gosched.common import wire
-from gosched.common.messages import ChangeList
+from gosched.common.messages import ChangeList, TaskBoundRows
 
 # Segments kept; older readers are answered from the log itself (packed for them alone).
 MAX_SEGMENTS = 4096
@@ -45,7 +45,12 @@ class PackedChanges:
             return
         self._starts.append(last)
         self._ends.append(current)
-        self._data.append(wire.pack(ChangeList(new)))
+        bound = binder.last_bound
+        if bound is not None and bound.start == last and bound.end == current:
+            # The last commit's bindings, and nothing else: packed from the rows it gathered.
+            self._data.append(wire.pack(TaskBoundRows(bound.nodes, bound.rows)))
+        else:
+            self._data.append(wire.pack(ChangeList(new)))
         if len(self._data) > MAX_SEGMENTS:
             drop = len(self._data) // 2
             del self._starts[:drop], self._ends[:drop], self._data[:drop]

@@ -20,6 +20,7 @@ from gosched.binder.state import arrays_view, make_resident
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.config import ProfileConfig
+from gosched.common.fast_pickle import rows_of
 from gosched.common.job import Job, TaskGroup
 from gosched.common.messages import (
     BindReply,
@@ -1165,6 +1166,29 @@ def test_fast_path_residents_are_the_records_for_task_makes(tmp_path: Path) -> N
     assert [b.resident(r.task_id) for r in expected] == list(
         zip(["n1", "n1", "n2", "n2"], expected, strict=True)
     )
+
+
+def test_fast_path_rows_are_its_residents_field_values(tmp_path: Path) -> None:
+    """A batch bound whole by the fast path keeps each binding's node and its resident's field
+    values (BoundRows), which the change segments pack instead of the records: they must be what
+    rows_of reads from the records, for exactly the versions the batch took."""
+    b = open_binder(tmp_path / "gs.db")
+    b.add_nodes([N4, N4B])
+    gang = make_job("gang").cpu("1").extended("rdma", 1).gpus(1).replicas(2).labels(app="x").build()
+    batch = [
+        Proposal(gang, [at(0, "n1", ((0, GPU_MILLI),)), at(1, "n2", ((1, GPU_MILLI),))], 2, standing=4),
+        prop(cpu_job("plain", "1"), at(0, "n2")),
+    ]
+    before = b.version
+    reply = commit(b, *batch)
+    bound = b.last_bound
+    assert bound is not None and (bound.start, bound.end) == (before, b.version)
+    residents = [c.resident for c in reply.changes if isinstance(c, TaskBound)]
+    assert bound.rows == rows_of(Resident, residents)
+    assert bound.nodes == ["n1", "n2", "n2"]
+    # A batch the stages take part in keeps none: its changes are not all fast-path bindings.
+    commit(b, prop(cpu_job("big", "64"), at(0, "n1")))
+    assert b.last_bound is None
 
 
 def test_a_failed_write_stops_the_binder(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gosched.common.changes import apply_change, apply_changes
-from gosched.common.cluster_state import _ARRAYS, NO_VICTIM, ClusterArrays, Resident
+from gosched.common.cluster_state import _ARRAYS, NO_VICTIM, ClusterArrays, PlainUsage, Resident
 from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound, TaskReleased
 from tests.builders import make_node
 
@@ -131,3 +131,30 @@ def test_min_victim_priority_is_exact_whenever_read(changes: list[Change], reads
             for row in range(state.n):
                 prios = [r.priority for r in state.residents[row].values() if r.preemptible]
                 assert got[row] == (min(prios) if prios else NO_VICTIM), (k, row)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(NAMES), st.integers(0, 4000), st.integers(-5, 5), st.booleans()),
+        max_size=30,
+    )
+)
+def test_plain_columns_place_as_the_records_do(drawn: list[tuple[str, int, int, bool]]) -> None:
+    """The binder's fast path gives place_many its residents' usage as columns (PlainUsage) and
+    each one's victim priority: the same state as place_many reading the records."""
+    by_record, by_columns = fresh_view(), fresh_view()
+    rows = [by_record.row_of[node] for node, *_ in drawn]
+    residents = [
+        Resident(f"p{k}/0", f"p{k}", cpu, cpu * 2**10, priority=prio, preemptible=pre)
+        for k, (_, cpu, prio, pre) in enumerate(drawn)
+    ]
+    by_record.place_many(rows, residents)
+    plain = PlainUsage(
+        [r.task_id for r in residents],
+        np.array([r.cpu_milli for r in residents], np.int64),
+        np.array([r.memory for r in residents], np.int64),
+    )
+    offers = [r.priority if r.preemptible else NO_VICTIM for r in residents]
+    by_columns.place_many(rows, residents, plain, offers)
+    assert_same_view(by_columns, by_record)
