@@ -161,43 +161,52 @@ class ProposalBatch:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # As columns (see fast_pickle.rows_of): the jobs as rows of Job fields, every placement of
-        # the batch as one list of rows with a count per proposal, the rest of each proposal a row.
+        # the batch as one list of rows with a count per proposal, each other field of the
+        # proposals as one column (no tuple per proposal to pack, and the binder makes the
+        # proposals with one C map over the columns).
         proposals = self.proposals
         rows = rows_of(Proposal, proposals)
-        job_rows = None if rows is None else rows_of(Job, [row[0] for row in rows])
-        placements = [p for row in rows for p in row[1]] if rows is not None else []
-        placement_rows = rows_of(Placement, placements)
-        if rows is None or job_rows is None or placement_rows is None or type(self) is not ProposalBatch:
+        if rows is None or type(self) is not ProposalBatch:
             return type(self), (self.shard_id, self.seen_version, proposals, self.unschedulable)
-        counts = [len(row[1]) for row in rows]
-        rests = [row[2:] for row in rows]
+        columns = list(zip(*rows, strict=True)) or [() for _ in _PROPOSAL_FIELDS]
+        job_rows = rows_of(Job, list(columns[0]))
+        placements = [p for ps in columns[1] for p in ps]
+        placement_rows = rows_of(Placement, placements)
+        if job_rows is None or placement_rows is None:
+            return type(self), (self.shard_id, self.seen_version, proposals, self.unschedulable)
+        # The usual proposal has one placement: no counts then.
+        counts = None if len(placements) == len(proposals) and all(columns[1]) else list(map(len, columns[1]))
         return _proposal_batch, (
             self.shard_id,
             self.seen_version,
             job_rows,
             counts,
             placement_rows,
-            rests,
+            columns[2:],
             self.unschedulable,
         )
+
+
+_PROPOSAL_FIELDS = fields(Proposal)
 
 
 def _proposal_batch(
     shard_id: int,
     seen_version: int,
     job_rows: list[tuple[Any, ...]],
-    counts: list[int],
+    counts: list[int] | None,
     placement_rows: list[tuple[Any, ...]],
-    rests: list[tuple[Any, ...]],
+    rest_columns: list[tuple[Any, ...]],
     unschedulable: list[Unschedulable],
 ) -> ProposalBatch:
     jobs = objects_from(Job, job_rows)
     placements = objects_from(Placement, placement_rows)
-    ends = list(accumulate(counts))
-    proposals = [
-        Proposal(job, placements[end - count : end], *rest)
-        for job, count, end, rest in zip(jobs, counts, ends, rests, strict=True)
-    ]
+    if counts is None:  # one placement per proposal
+        lists = [[p] for p in placements]
+    else:
+        ends = list(accumulate(counts))
+        lists = [placements[end - count : end] for count, end in zip(counts, ends, strict=True)]
+    proposals = list(map(Proposal, jobs, lists, *rest_columns))
     return ProposalBatch(shard_id, seen_version, proposals, unschedulable)
 
 
