@@ -94,12 +94,15 @@ class _Outcome:
 class BoundRows:
     """A commit's changes when all of them are the fast path's bindings (the usual batch): those
     after version `start`, as each TaskBound's node and its resident's field values in order (what
-    fast_pickle.rows_of reads), gathered while the records were made. runtime/packed_changes.py
-    packs them without reading every resident back (messages.TaskBoundRows)."""
+    fast_pickle.rows_of reads), gathered while the records were made; and its verdicts likewise.
+    runtime/packed_changes.py and the binder actor pack them without reading every record back
+    (messages.TaskBoundRows, messages.BindReplyRows)."""
 
     start: int
     nodes: list[str]
     rows: list[tuple[Any, ...]]
+    # The reply's AcceptedUnits as their field values in order (fast_pickle.rows_of), likewise.
+    accepted: list[tuple[Any, ...]]
 
     @property
     def end(self) -> int:
@@ -338,7 +341,7 @@ class Binder:
         as_rows: BoundRows | None = None
         if len(clean) == len(proposals):
             # Every proposal is clean (the usual batch): its answers go straight into the reply.
-            as_rows = BoundRows(self.version, [], [])
+            as_rows = BoundRows(self.version, [], [], [])
             self._bind_clean(proposals, clean, now, writes, reply.accepted, changes, as_rows)
         else:
             self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
@@ -405,7 +408,7 @@ class Binder:
     ) -> None:
         """Bind the batch's clean proposals at once (see fastpath.py): one AcceptedUnit per unit
         onto `accepted`, one TaskBound per placement onto `changes`, in order; each TaskBound's
-        node and resident row onto `bound` (when given)."""
+        node and resident row, and each AcceptedUnit's row, onto `bound` (when given)."""
         residents: list[Resident] = []
         binds = writes.clean_binds
         tids = clean.tids  # in placement order, as the loop below takes them
@@ -413,6 +416,7 @@ class Binder:
         job_tasks = self.truth.job_tasks
         b_nodes = bound.nodes if bound is not None else None
         b_rows = bound.rows if bound is not None else []
+        b_accepted = bound.accepted if bound is not None else []
         k = 0
         new = object.__new__
         for i in clean.index:
@@ -496,6 +500,8 @@ class Binder:
             unit.bind_time = now
             unit.victims = ()
             accepted.append(unit)
+            if b_nodes is not None:
+                b_accepted.append((jid, unit.attempt, indexes, now, ()))
         self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:

@@ -360,5 +360,31 @@ class BindReply:
 _read_reply = attrgetter(*(f.name for f in fields(BindReply)))
 
 
+class BindReplyRows:
+    """A BindReply without changes whose accepted units are given as their field values in order
+    (what fast_pickle.rows_of(AcceptedUnit) reads): packed as that reply is, so it comes back as
+    the same BindReply, without reading every unit (the binder has the rows from making them)."""
+
+    __slots__ = ("accepted", "evicted", "rejected", "shard_id", "version")
+
+    def __init__(
+        self,
+        accepted: list[tuple[Any, ...]],
+        rejected: list[RejectedUnit],
+        evicted: list[Eviction],
+        version: int,
+        shard_id: int,
+    ) -> None:
+        self.accepted = accepted
+        self.rejected = rejected
+        self.evicted = evicted
+        self.version = version
+        self.shard_id = shard_id
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        rest = (self.rejected, self.evicted, ChangeList(), self.version, False, self.shard_id)
+        return _bind_reply, (self.accepted, *rest)
+
+
 def _bind_reply(accepted: list[tuple[Any, ...]], *rest: Any) -> BindReply:
     return BindReply(objects_from(AcceptedUnit, accepted), *rest)

@@ -60,7 +60,7 @@ from gosched.binder.writer import StoreWriter
 from gosched.common import wire
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
-from gosched.common.messages import BindReply, Change, ChangeList, ProposalBatch, UnitBatch
+from gosched.common.messages import BindReply, BindReplyRows, Change, ChangeList, ProposalBatch, UnitBatch
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
@@ -413,11 +413,17 @@ class BinderCore:
         assert isinstance(batch, ProposalBatch)
         reply = self.binder.commit(batch, with_changes=False)  # the changes go as packed segments
         self.commits += 1
-        verdicts = wire.pack(
-            BindReply(
-                reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
+        as_rows = self.binder.last_bound  # this commit's, when the fast path took it whole
+        if as_rows is not None:
+            verdicts = wire.pack(
+                BindReplyRows(as_rows.accepted, reply.rejected, reply.evicted, reply.version, reply.shard_id)
             )
-        )
+        else:
+            verdicts = wire.pack(
+                BindReply(
+                    reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
+                )
+            )
         unschedulable = wire.pack(batch.unschedulable)
         report = self.dispatcher.report.remote
         incarnation = self.incarnation

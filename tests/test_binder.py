@@ -17,13 +17,16 @@ from gosched.binder.binder import EPOCH_BITS, Binder, next_epoch
 from gosched.binder.fastpath import find_clean
 from gosched.binder.stages import STAGE_NAMES, gpu_shape_error
 from gosched.binder.state import arrays_view, make_resident
+from gosched.common import wire
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, Resident
 from gosched.common.config import ProfileConfig
 from gosched.common.fast_pickle import rows_of
 from gosched.common.job import Job, TaskGroup
 from gosched.common.messages import (
+    AcceptedUnit,
     BindReply,
+    BindReplyRows,
     NodeRemoved,
     NodeUpserted,
     Placement,
@@ -1186,6 +1189,11 @@ def test_fast_path_rows_are_its_residents_field_values(tmp_path: Path) -> None:
     residents = [c.resident for c in reply.changes if isinstance(c, TaskBound)]
     assert bound.rows == rows_of(Resident, residents)
     assert bound.nodes == ["n1", "n2", "n2"]
+    assert bound.accepted == rows_of(AcceptedUnit, reply.accepted)
+    # Packed from the rows, the verdicts are the same bytes as packed from the reply's units.
+    verdicts = BindReply(reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=0)
+    from_rows = BindReplyRows(bound.accepted, reply.rejected, reply.evicted, reply.version, 0)
+    assert wire.pack(from_rows) == wire.pack(verdicts)
     # A batch the stages take part in keeps none: its changes are not all fast-path bindings.
     commit(b, prop(cpu_job("big", "64"), at(0, "n1")))
     assert b.last_bound is None
