@@ -157,21 +157,6 @@ class BinderState:
             if not tasks:
                 del self.job_tasks[r.job_id]
 
-    def place_many(self, rows: Sequence[int], residents: Sequence[Resident]) -> None:
-        """Place many residents at once (usage added with numpy); callers have checked they fit."""
-        self.arrays.place_many(rows, residents)
-        job_tasks = self.job_tasks
-        for r in residents:
-            jid = r.job_id
-            tasks = job_tasks.get(jid)
-            if tasks is None:
-                job_tasks[jid] = {r.task_id}
-            else:
-                tasks.add(r.task_id)
-        if self._queue_use:
-            for r in residents:
-                self._count_queue(r, 1)
-
     def place_clean(
         self,
         rows: Sequence[int],

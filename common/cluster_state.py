@@ -97,15 +97,17 @@ class Resident:
         )
 
 
-@dataclass(slots=True)
 class PlainUsage:
     """What placing residents that hold no GPUs or extended resources and repel nothing takes,
     as columns (one entry per resident, in order): what ClusterArrays.place_many would otherwise
-    read from each record. The binder's fast path has them at hand."""
+    read from each record. The binder's fast path has them at hand. (Never sent: not a message.)"""
 
-    task_ids: Sequence[str]
-    cpu: I64
-    memory: I64
+    __slots__ = ("cpu", "memory", "task_ids")
+
+    def __init__(self, task_ids: Sequence[str], cpu: I64, memory: I64) -> None:
+        self.task_ids = task_ids
+        self.cpu = cpu
+        self.memory = memory
 
 
 @dataclass
