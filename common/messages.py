@@ -147,8 +147,7 @@ class Unschedulable:
     attempt: int = 0
     # The verdict is provisional: retry after the backoff even if nothing changes. Set when
     # preemption passed over victims only because they are the shard's own placements still
-    # awaiting the binder (once answered they may be evicted), and when the unit placed its
-    # minimum without preemption, which was then never tried for these tasks.
+    # awaiting the binder (once answered they may be evicted).
     settling: bool = False
 
 
