@@ -32,6 +32,7 @@ from typing import Any
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
 from gosched.binder.fastpath import NO_CLEAN, CleanSet, find_clean
 from gosched.binder.stages import (
+    ACROSS_NODES,
     DEFAULT_STAGES,
     BatchScope,
     Candidate,
@@ -155,6 +156,8 @@ class Binder:
         self.writer = writer
         self.clock = clock
         self.stages = tuple(stages)
+        # The stages that count a unit's victims as gone beyond their own node (see _commit_unit).
+        self._across_nodes = tuple(stage for stage in self.stages if stage.name in ACROSS_NODES)
         self.vectorised = vectorised
         self.truth = BinderState()
         self._broken: BaseException | None = None
@@ -507,31 +510,27 @@ class Binder:
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
         """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""
         job = proposal.job
-        all_indexes = tuple(p.task_index for p in proposal.placements)
         if not proposal.placements:
             return _Outcome(
                 rejected=[RejectedUnit(job.id, (), "the proposal has no placements", self.stages[0].name)]
             )
         need = gang_need(proposal, self.truth)
         unit = UnitCheck(proposal, self.truth, scope)
-        alive: list[Candidate] = candidates_of(proposal)
         dropped: list[RejectedUnit] = []
-        for stage in self.stages:
-            verdicts = stage(unit, alive)
-            failed = [(c, why) for c, why in zip(alive, verdicts, strict=True) if why is not None]
-            if not failed:
-                if len(alive) < need:
-                    why = f"{len(alive)} placement(s) proposed, {need} needed"
-                    return _Outcome(rejected=[RejectedUnit(job.id, all_indexes, why, stage.name)])
-                continue
-            alive = [c for c, why in zip(alive, verdicts, strict=True) if why is None]
-            reasons = _summarise(why for _, why in failed if why is not None)
-            if len(alive) < need:
-                why = f"{reasons} ({len(alive)} of {len(all_indexes)} placements left, {need} needed)"
-                return _Outcome(rejected=[RejectedUnit(job.id, all_indexes, why, stage.name)])
-            dropped.append(
-                RejectedUnit(job.id, tuple(c.placement.task_index for c, _ in failed), reasons, stage.name)
-            )
+        alive = self._run_stages(self.stages, unit, candidates_of(proposal), need, dropped)
+        # A later stage may have dropped a placement whose node's victims an earlier stage counted
+        # as gone for the others. Only the victims on the nodes the unit still binds to go, and a
+        # rule judged across a domain (anti-affinity: a zone, a rack) may have counted on one left
+        # in place: judge such stages again with the victims that go, until nothing more drops.
+        while not isinstance(alive, RejectedUnit):
+            rows = {c.row for c in alive}
+            going = {v: row for v, row in unit.victims.items() if row in rows}
+            if len(going) == len(unit.victims):
+                break
+            unit.victims = going
+            alive = self._run_stages(self._across_nodes, unit, alive, need, dropped)
+        if isinstance(alive, RejectedUnit):
+            return _Outcome(rejected=[alive])
 
         out = _Outcome(rejected=dropped)
         # Phase 1: evict the victims on the nodes the unit still binds to (every victim whose credit
@@ -554,6 +553,36 @@ class Binder:
             writes.bind(r.task_id, pl.node, pl.gpus)
         out.accepted = AcceptedUnit.of(job.id, proposal.attempt, [c.placement for c in alive], now)
         return out
+
+    @staticmethod
+    def _run_stages(
+        stages: Sequence[Stage],
+        unit: UnitCheck,
+        alive: list[Candidate],
+        need: int,
+        dropped: list[RejectedUnit],
+    ) -> list[Candidate] | RejectedUnit:
+        """The placements that pass `stages` in order (those a stage fails onto `dropped`), or the
+        whole unit's rejection once fewer than `need` are left (the gang check after each stage)."""
+        job = unit.job
+        all_indexes = tuple(p.task_index for p in unit.proposal.placements)
+        for stage in stages:
+            verdicts = stage(unit, alive)
+            failed = [(c, why) for c, why in zip(alive, verdicts, strict=True) if why is not None]
+            if not failed:
+                if len(alive) < need:
+                    why = f"{len(alive)} placement(s) proposed, {need} needed"
+                    return RejectedUnit(job.id, all_indexes, why, stage.name)
+                continue
+            alive = [c for c, why in zip(alive, verdicts, strict=True) if why is None]
+            reasons = _summarise(why for _, why in failed if why is not None)
+            if len(alive) < need:
+                why = f"{reasons} ({len(alive)} of {len(all_indexes)} placements left, {need} needed)"
+                return RejectedUnit(job.id, all_indexes, why, stage.name)
+            dropped.append(
+                RejectedUnit(job.id, tuple(c.placement.task_index for c, _ in failed), reasons, stage.name)
+            )
+        return alive
 
     def _evict(
         self,

@@ -552,6 +552,10 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     GpusFree(),
 )
 STAGE_NAMES = tuple(s.name for s in DEFAULT_STAGES)
+# Stages that count a unit's victims as gone on nodes other than the placement's own (the others
+# credit a placement only with its own node's victims): the binder judges them again when a later
+# stage drops a placement and with it the eviction of its node's victims.
+ACROSS_NODES = frozenset({AntiAffinityHolds.name})
 
 
 def candidates_of(proposal: Proposal) -> list[Candidate]:

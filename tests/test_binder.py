@@ -132,6 +132,17 @@ GANG = make_job("g").cpu("2").mem("1Gi").replicas(3).min_member(3).build()
 GANG2 = make_job("gb").cpu("4").mem("1Gi").replicas(2).min_member(2).build()
 HOLD_GPU0 = make_job("hold").cpu("1").gpus(1).build()
 ZONE_A = [make_node(f"a{i}").cpu("4").mem("16Gi").label(zone="a").build() for i in range(2)]
+# Two tasks that keep jobs labelled app=web out of their zone (they carry no such label themselves).
+ZONE_GUARD = (
+    make_job("zg")
+    .cpu("2")
+    .mem("1Gi")
+    .replicas(2)
+    .min_member(1)
+    .priority(100)
+    .anti_affinity("zone", app="web")
+    .build()
+)
 
 
 def db_job(job_id: str, topology: str = "node") -> Job:
@@ -493,6 +504,15 @@ CASES: dict[str, Case] = {
         [N4],
         [prop(PS_AND_WORKER, at(0, "n1"), at(1, "n1"))],
         accepted={"pw": [0, 1]},
+    ),
+    # A victim counted as gone by the anti-affinity stage, whose own placement a later stage drops
+    # (a0 is full once the victim's room is taken: 2 cpus needed, 1 freed), stays: it still repels
+    # the unit's other placement in its zone, which is then refused too.
+    "anti_affinity_a_victim_kept_by_a_later_stage_still_repels": Case(
+        ZONE_A,
+        [prop(ZONE_GUARD, at(0, "a0", victims=("x/0",)), at(1, "a1"), min_needed=1)],
+        before=[prop(web_job("x"), at(0, "a0")), prop(cpu_job("hog", "3"), at(0, "a0"))],
+        rejected=[("zg", "anti_affinity", (0, 1))],
     ),
     # A victim being evicted no longer repels.
     "anti_affinity_victim_gone": Case(
