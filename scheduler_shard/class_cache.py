@@ -103,9 +103,10 @@ class ClassCache:
         self.model_generation += 1
 
     def entry(self, group: TaskGroup, state: ClusterArrays) -> ClassEntry:
-        if group is self._last_group and self._last_entry is not None:
-            entry = self._last_entry
-        else:
+        """The class entry of `group`, refreshed to the view's state (this runs once per task
+        placed: the usual case, the row the last placement dirtied, is read inline)."""
+        entry = self._last_entry
+        if group is not self._last_group or entry is None:
             key = group.constraint_key()
             found = self.entries.get(key)
             if found is None:
@@ -114,7 +115,30 @@ class ClassCache:
                 found = self.entries[key] = ClassEntry(tc=class_of(group))
             entry = found
             self._last_group, self._last_entry = group, entry
-        self.refresh(entry, state)
+        if (
+            entry.meta_gen != state.meta_generation
+            or entry.n != state.n
+            or entry.state_id != id(state)
+            or entry.model_gen != self.model_generation
+        ):
+            self._full(entry, state)
+            return entry
+        # state.dirty_since(entry.position), read in place.
+        base, log = state.dirty_base, state.dirty_log
+        start = entry.position - base
+        if start < 0:  # the log was compacted past this entry: too old
+            self._full(entry, state)
+            return entry
+        entry.position = base + len(log)
+        new = len(log) - start
+        if new == 1:  # the usual case: the row the last placement dirtied
+            row = log[-1]
+            if row < entry.n:
+                self._update_row(entry, state, row)
+        elif new > 0:
+            idx = np.unique(np.array(log[start:], np.int64))
+            idx = idx[idx < entry.n]
+            self._update(entry, state, idx)
         return entry
 
     def remembered_best_row(
@@ -130,32 +154,6 @@ class ClassCache:
         if row >= 0 and (mask is None or not mask.flags.writeable):
             entry.best_key, entry.best, entry.best_score = key, row, float(entry.eff[row])
         return row
-
-    def refresh(self, entry: ClassEntry, state: ClusterArrays) -> None:
-        if (
-            entry.meta_gen != state.meta_generation
-            or entry.n != state.n
-            or entry.state_id != id(state)
-            or entry.model_gen != self.model_generation
-        ):
-            self._full(entry, state)
-            return
-        # state.dirty_since(entry.position), read in place: this runs once per task placed.
-        base, log = state.dirty_base, state.dirty_log
-        start = entry.position - base
-        if start < 0:  # the log was compacted past this entry: too old
-            self._full(entry, state)
-            return
-        entry.position = base + len(log)
-        new = len(log) - start
-        if new == 1:  # the usual case: the row the last placement dirtied
-            row = log[-1]
-            if row < entry.n:
-                self._update_row(entry, state, row)
-        elif new > 0:
-            idx = np.unique(np.array(log[start:], np.int64))
-            idx = idx[idx < entry.n]
-            self._update(entry, state, idx)
 
     def _full(self, entry: ClassEntry, state: ClusterArrays) -> None:
         tc, n, all_rows = entry.tc, state.n, slice(0, state.n)
@@ -183,7 +181,7 @@ class ClassCache:
         entry.dyn_scores = dyn_scores
         entry.row_filters = [f.row_filter(tc) for f in entry.dyn_filters]
         entry.row_scores = [p.row_score(tc) for p, _ in dyn_scores]
-        entry.row_eval = _row_eval(entry)
+        entry.row_eval = _cpu_memory_row_eval(entry) or _row_eval(entry)
         entry.eff = np.full(n, NEG_INF)
         entry.best_key = None
         entry.meta_gen, entry.n, entry.state_id = state.meta_generation, n, id(state)
@@ -318,6 +316,42 @@ def _row_eval(entry: ClassEntry) -> RowEval | None:
         score: float = static_score.item(row)
         for weight, row_score in scores:
             score += weight * row_score(state, row)
+        return score
+
+    return evaluate
+
+
+def _cpu_memory_row_eval(entry: ClassEntry) -> RowEval | None:
+    """The one-row refresh for a class whose every dynamic filter and score reads nothing of the row
+    but its cpu and memory (FilterPlugin.fits_cpu_memory_only, ScorePlugin.fraction_score): the
+    four values are read once for all of them, not once per plugin. The same verdict and float as
+    _row_eval (the same checks, fractions and sums in the same order); None for any other class."""
+    tc = entry.tc
+    if not entry.dyn_filters and not entry.dyn_scores:
+        return None
+    if not all(f.fits_cpu_memory_only(tc) for f in entry.dyn_filters):
+        return None
+    forms = [p.fraction_score(tc) for p, _ in entry.dyn_scores]
+    terms = tuple((weight, form) for (_, weight), form in zip(entry.dyn_scores, forms, strict=True) if form)
+    if len(terms) != len(forms):
+        return None
+    static_ok, static_score = entry.static_ok, entry.static_score
+    cpu, mem = tc.request.cpu_milli, tc.request.memory
+    check_fit = bool(entry.dyn_filters)
+
+    def evaluate(state: ClusterArrays, row: int) -> float | None:
+        if not static_ok.item(row):
+            return None
+        cpu_after, cpu_cap = state.cpu_used.item(row) + cpu, state.cpu_cap.item(row)
+        mem_after, mem_cap = state.mem_used.item(row) + mem, state.mem_cap.item(row)
+        if check_fit and (cpu_after > cpu_cap or (mem and mem_after > mem_cap)):
+            return None
+        # max(capacity, 1) as a conditional: the builtin's call costs more than the division.
+        cpu_frac = cpu_after / (cpu_cap if cpu_cap > 1 else 1)
+        mem_frac = mem_after / (mem_cap if mem_cap > 1 else 1)
+        score: float = static_score.item(row)
+        for weight, form in terms:
+            score += weight * form(cpu_frac, mem_frac)
         return score
 
     return evaluate

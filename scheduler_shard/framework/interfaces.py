@@ -30,6 +30,9 @@ Scores = npt.NDArray[np.float64]
 # row a placement dirtied: numpy calls on one-element arrays cost more than the arithmetic itself.
 RowFilter = Callable[[ClusterArrays, int], bool]
 RowScore = Callable[[ClusterArrays, int], float]
+# A one-row score of a class that asks for cpu and memory alone, as a function of the row's cpu and
+# memory fractions in use after placement ((used + request) / max(capacity, 1), Python floats).
+FractionScore = Callable[[float, float], float]
 
 
 class FilterPlugin:
@@ -53,6 +56,12 @@ class FilterPlugin:
         """filter() for one row, for this class (the same verdict); None: no scalar version."""
         return None
 
+    def fits_cpu_memory_only(self, tc: TaskClass) -> bool:
+        """True when, for this class, filter() on a row says exactly whether the request's cpu and
+        memory fit what the row has free, and reads nothing else (resources_fit for the usual
+        task). The class cache then checks it from the same reads as the fraction scores."""
+        return False
+
 
 class ScorePlugin:
     name = ""
@@ -71,6 +80,12 @@ class ScorePlugin:
 
     def row_score(self, tc: TaskClass) -> RowScore | None:
         """score() for one row, for this class (the same float); None: no scalar version."""
+        return None
+
+    def fraction_score(self, tc: TaskClass) -> FractionScore | None:
+        """score() for one row as a function of its cpu and memory fractions after placement, when
+        for this class it reads nothing else (the same float); None otherwise. The class cache
+        reads the row once for every such plugin of a class, rather than once per plugin."""
         return None
 
 

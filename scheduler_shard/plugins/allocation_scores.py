@@ -10,7 +10,13 @@ import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.resources import GPU_MILLI, ResourceRequest
-from gosched.scheduler_shard.framework.interfaces import Rows, RowScore, ScorePlugin, Scores
+from gosched.scheduler_shard.framework.interfaces import (
+    FractionScore,
+    Rows,
+    RowScore,
+    ScorePlugin,
+    Scores,
+)
 from gosched.scheduler_shard.framework.registry import register
 from gosched.scheduler_shard.framework.task_class import TaskClass
 
@@ -87,6 +93,9 @@ class MostAllocated(ScorePlugin):
             return _cpu_memory_mean(req, 0.0, 100.0)
         return lambda state, r: 100.0 * _mean(row_fractions(req, state, r))
 
+    def fraction_score(self, tc: TaskClass) -> FractionScore | None:
+        return _mean_of_fractions(0.0, 100.0) if _cpu_memory_only(tc.request) else None
+
 
 @register
 class LeastAllocated(ScorePlugin):
@@ -101,6 +110,9 @@ class LeastAllocated(ScorePlugin):
         if _cpu_memory_only(req):
             return _cpu_memory_mean(req, 100.0, -100.0)
         return lambda state, r: 100.0 - 100.0 * _mean(row_fractions(req, state, r))
+
+    def fraction_score(self, tc: TaskClass) -> FractionScore | None:
+        return _mean_of_fractions(100.0, -100.0) if _cpu_memory_only(tc.request) else None
 
 
 @register
@@ -132,6 +144,9 @@ class BalancedAllocation(ScorePlugin):
             return cpu_memory
         return lambda state, r: float(_balanced(row_fractions(req, state, r)))
 
+    def fraction_score(self, tc: TaskClass) -> FractionScore | None:
+        return _balance_of_fractions if _cpu_memory_only(tc.request) else None
+
 
 def _cpu_memory_only(req: ResourceRequest) -> bool:
     """The request's fractions are cpu's and memory's (the usual task): the one-row scores then
@@ -152,6 +167,20 @@ def _cpu_memory_mean(req: ResourceRequest, offset: float, scale: float) -> RowSc
         return offset + scale * (total / 2)
 
     return cpu_memory
+
+
+def _mean_of_fractions(offset: float, scale: float) -> FractionScore:
+    """_cpu_memory_mean's score from the two fractions (the same floats)."""
+
+    def score(cpu: float, mem: float) -> float:
+        return offset + scale * ((cpu + mem) / 2)
+
+    return score
+
+
+def _balance_of_fractions(cpu: float, mem: float) -> float:
+    """_balanced of two fractions, inline (the same float)."""
+    return 100.0 - 50.0 * abs(cpu - mem)
 
 
 def _balanced(fr: list[Any]) -> Any:

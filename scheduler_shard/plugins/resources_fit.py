@@ -93,6 +93,9 @@ class ResourcesFit(FilterPlugin):
 
         return fits
 
+    def fits_cpu_memory_only(self, tc: TaskClass) -> bool:
+        return not tc.request.wants_gpu and not _wants_extended(tc)
+
     def explain(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> list[tuple[str, Mask]]:
         req = tc.request
         # Nodes too small for the request whatever runs there first, apart from busy ones: a task
