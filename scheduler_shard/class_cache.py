@@ -134,7 +134,23 @@ class ClassCache:
         if new == 1:  # the usual case: the row the last placement dirtied
             row = log[-1]
             if row < entry.n:
-                self._update_row(entry, state, row)
+                # _update for one row, accumulated in Python floats in the same order, with each
+                # plugin's scalar version where it has one (numpy calls on one-element arrays
+                # cost more than the arithmetic), stopping at the first filter that fails.
+                evaluate = entry.row_eval
+                score = evaluate(state, row) if evaluate is not None else self._row_score(entry, state, row)
+                if (
+                    score is not None
+                    and row == entry.best
+                    and score >= entry.best_score
+                    and entry.best_key is not None
+                    and entry.soft_none_key is None
+                ):
+                    # _store_row's usual case inline: packing raised the remembered best row's
+                    # score, so it is still the best.
+                    entry.eff[row] = entry.best_score = score
+                else:
+                    _store_row(entry, row, score)
         elif new > 0:
             idx = np.unique(np.array(log[start:], np.int64))
             idx = idx[idx < entry.n]
@@ -203,29 +219,6 @@ class ClassCache:
         if entry.soft_none_key is not None:
             assert entry.soft is not None
             if (ok & (entry.soft[rows] > entry.soft_none_level)).any():
-                entry.soft_none_key = None  # a row above the remembered level fits now
-
-    def _update_row(self, entry: ClassEntry, state: ClusterArrays, row: int) -> None:
-        """_update for one row, accumulated in Python floats in the same order, with each plugin's
-        scalar version where it has one (numpy calls on one-element arrays cost more than the
-        arithmetic), stopping at the first filter that fails."""
-        evaluate = entry.row_eval
-        score = evaluate(state, row) if evaluate is not None else self._row_score(entry, state, row)
-        if score is None:
-            entry.eff[row] = NEG_INF
-            if entry.best_key is not None:
-                _note_row(entry, row, NEG_INF)
-            return
-        entry.eff[row] = score
-        if entry.best_key is not None:
-            if row == entry.best and score >= entry.best_score:
-                # _note_row's usual case inline: packing raised the remembered best row's score.
-                entry.best_score = score
-            else:
-                _note_row(entry, row, score)
-        if entry.soft_none_key is not None:
-            assert entry.soft is not None
-            if entry.soft.item(row) > entry.soft_none_level:
                 entry.soft_none_key = None  # a row above the remembered level fits now
 
     @staticmethod
@@ -369,6 +362,22 @@ def _soft_part(soft: F | None, ok: npt.NDArray[np.bool_]) -> tuple[F | None, flo
     if top == float(feasible.min()):
         return None, NEG_INF
     return soft, top
+
+
+def _store_row(entry: ClassEntry, row: int, score: float | None) -> None:
+    """Keep `row`'s one-row refresh, `score` (None: a filter rules the row out)."""
+    if score is None:
+        entry.eff[row] = NEG_INF
+        if entry.best_key is not None:
+            _note_row(entry, row, NEG_INF)
+        return
+    entry.eff[row] = score
+    if entry.best_key is not None:
+        _note_row(entry, row, score)
+    if entry.soft_none_key is not None:
+        assert entry.soft is not None
+        if entry.soft.item(row) > entry.soft_none_level:
+            entry.soft_none_key = None  # a row above the remembered level fits now
 
 
 def _note_row(entry: ClassEntry, row: int, score: float) -> None:

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from gosched.common.changes import apply_changes
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.config import ProfileConfig
+from gosched.common.job import TaskGroup
 from gosched.common.messages import (
     BindReply,
     Change,
@@ -20,7 +21,6 @@ from gosched.common.messages import (
     ProposalBatch,
     TaskBound,
     TaskReleased,
-    Unit,
     UnitBatch,
 )
 from gosched.scheduler_shard.class_cache import ClassCache
@@ -109,16 +109,14 @@ class SchedulerShard:
         oldest = self.cache.oldest_position()
         self.state.compact_dirty_log(self.state.dirty_position if oldest is None else oldest)
 
-    def _observe(self, unit: Unit) -> None:
-        """Teach the fragmentation score the GPU task types arriving (first attempts only)."""
-        for group in unit.job.groups:
-            if group.resources.wants_gpu:
-                for learner in self._learners:
-                    res = group.resources
-                    before = learner.types.generation
-                    learner.types.observe(res.gpu_total_milli, res.cpu_milli, res.memory, group.replicas)
-                    if learner.types.generation != before:
-                        self.cache.models_changed()
+    def _observe(self, group: TaskGroup) -> None:
+        """Teach the fragmentation score a GPU task type arriving (first attempts only)."""
+        res = group.resources
+        for learner in self._learners:
+            before = learner.types.generation
+            learner.types.observe(res.gpu_total_milli, res.cpu_milli, res.memory, group.replicas)
+            if learner.types.generation != before:
+                self.cache.models_changed()
 
     # -- scheduling ------------------------------------------------------------------------------
     def schedule(self, batch: UnitBatch) -> ProposalBatch:
@@ -126,26 +124,34 @@ class SchedulerShard:
         proposals: list[Proposal] = []
         unschedulable = []
         assumed = _AssumedTasks(self.inflight)
+        # Read once for the batch: this loop runs once per unit.
+        inflight, state, schedule_unit = self.inflight, self.state, self.placer.schedule_unit
+        learning = bool(self._learners)
         for unit in batch.units:
-            stale = self.inflight.pop(unit.job.id, None)
+            job = unit.job
+            stale = inflight.pop(job.id, None)
             if stale is not None:  # the job was dispatched again (a restart): its old plan is void
-                stale.undo(self.state)
+                stale.undo(state)
                 assumed.forget(stale)
-            if self._learners and unit.attempt == 0:
-                self._observe(unit)
-            ctx, leftover = self.placer.schedule_unit(unit, self.state, own, assumed)
+            if learning and unit.attempt == 0:
+                for group in job.groups:
+                    if group.resources.wants_gpu:
+                        self._observe(group)
+            ctx, leftover = schedule_unit(unit, state, own, assumed)
             if ctx is not None:
-                self.inflight[unit.job.id] = ctx
-                assumed.add(ctx)
+                inflight[job.id] = ctx
+                if assumed.ids is not None:
+                    assumed.add(ctx)
+                placements = ctx.placements
                 proposals.append(
                     Proposal(
-                        unit.job,
-                        list(ctx.placements),
+                        job,
+                        list(placements),
                         unit.min_needed,
                         unit.attempt,
                         unit.dispatch_time,
                         unit.held,
-                        unit.floors if ctx.victims_by_job and any(p.victims for p in ctx.placements) else (),
+                        unit.floors if ctx.victims_by_job and any(p.victims for p in placements) else (),
                         unit.standing,
                     )
                 )
@@ -161,20 +167,20 @@ class _AssumedTasks:
 
     def __init__(self, inflight: dict[str, UnitContext]) -> None:
         self._inflight = inflight
-        self._ids: set[str] | None = None
+        self.ids: set[str] | None = None  # None: not asked for yet in this call
 
     def __call__(self) -> set[str]:
-        if self._ids is None:
-            self._ids = {r.task_id for ctx in self._inflight.values() for r in _placed(ctx)}
-        return self._ids
+        if self.ids is None:
+            self.ids = {r.task_id for ctx in self._inflight.values() for r in _placed(ctx)}
+        return self.ids
 
     def add(self, ctx: UnitContext) -> None:
-        if self._ids is not None:
-            self._ids.update(r.task_id for r in _placed(ctx))
+        if self.ids is not None:
+            self.ids.update(r.task_id for r in _placed(ctx))
 
     def forget(self, ctx: UnitContext) -> None:
-        if self._ids is not None:
-            self._ids.difference_update(r.task_id for r in _placed(ctx))
+        if self.ids is not None:
+            self.ids.difference_update(r.task_id for r in _placed(ctx))
 
 
 def _placed(ctx: UnitContext) -> list[Resident]:
