@@ -26,7 +26,7 @@ MOOT = "moot"
 class UnitContext:
     unit: Unit
     placements: list[Placement] = field(default_factory=list)
-    placed_rows: list[tuple[int, str]] = field(default_factory=list)  # (row, role)
+    rows: list[int] = field(default_factory=list)  # each placement's row
     log: list[tuple[str, str, Resident]] = field(default_factory=list)  # (action, node name, resident)
     victims_by_job: dict[str, int] = field(default_factory=dict)
     # The victim search passed over a task it could have evicted, because it awaits the binder.
@@ -42,14 +42,14 @@ class UnitContext:
         self,
         unit: Unit,
         placements: list[Placement] | None = None,
-        placed_rows: list[tuple[int, str]] | None = None,
+        rows: list[int] | None = None,
         log: list[tuple[str, str, Resident]] | None = None,
     ) -> None:
         # By hand rather than the dataclass's: one is made per unit scheduled, and the generated
         # __init__ calls a factory per field with a default (a third of its cost).
         self.unit = unit
         self.placements = [] if placements is None else placements
-        self.placed_rows = [] if placed_rows is None else placed_rows
+        self.rows = [] if rows is None else rows
         self.log = [] if log is None else log
         self.victims_by_job = {}
         self.victims_in_flight = False
@@ -60,7 +60,13 @@ class UnitContext:
         state.place(row, resident)
         self.log.append((PLACE, placement.node, resident))
         self.placements.append(placement)
-        self.placed_rows.append((row, resident.role))
+        self.rows.append(row)
+
+    @property
+    def placed_rows(self) -> list[tuple[int, str]]:
+        """(row, role) of each placement (anti-affinity asks; built on demand, not per task)."""
+        group_of = self.unit.job.group_of
+        return [(row, group_of(p.task_index).role) for row, p in zip(self.rows, self.placements, strict=True)]
 
     def evict(self, state: ClusterArrays, resident: Resident) -> None:
         released = state.release(resident.task_id)
@@ -124,7 +130,7 @@ class UnitContext:
         self.undo(state)
         self.log.clear()
         self.placements.clear()
-        self.placed_rows.clear()
+        self.rows.clear()
         self.victims_by_job.clear()
         self.census = None  # it counted steps now undone
 
@@ -138,7 +144,7 @@ class UnitContext:
                 self.victims_by_job[resident.job_id] -= 1
         del self.log[log_len:]
         del self.placements[placed:]
-        del self.placed_rows[placed:]
+        del self.rows[placed:]
         if self.census is not None and self.census.seen > log_len:
             self.census = None  # it counted steps now undone
 

@@ -1292,6 +1292,10 @@ def test_anti_affinity_holds_for_its_own_group_only_whatever_shares_the_shard(or
         placed = {p.task_index: p.node for p in run_units(shard, [tf]).proposals[0].placements}
         workers = [placed[i] for i in range(4) if tf.group_of(i).role == "worker"]
         assert len(set(workers)) == 3, placed  # one worker per node; the ps goes where it packs
+        # The attempt's (row, role) pairs, which the filter reads, follow its placements.
+        rows = shard.state.row_of
+        roles = {0: "ps", 1: "worker", 2: "worker", 3: "worker"}
+        assert shard.inflight["tf"].placed_rows == [(rows[node], roles[i]) for i, node in placed.items()]
         return
     jobs = [plain, spread] if order == "plain first" else [spread, plain]
     out = run_units(shard, jobs)
