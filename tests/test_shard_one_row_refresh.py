@@ -24,6 +24,12 @@ PROFILES = {
 }
 
 
+def _same(kept: np.ndarray, fresh: np.ndarray) -> bool:
+    """Equal to the bit where finite, and finite at the same rows."""
+    finite = np.isfinite(fresh)
+    return bool((np.isfinite(kept) == finite).all() and np.array_equal(kept[finite], fresh[finite]))
+
+
 def _view(rng: random.Random) -> ClusterArrays:
     state = ClusterArrays()
     for i in range(16):
@@ -49,7 +55,7 @@ def test_reading_cpu_and_memory_once_gives_the_same_verdicts_and_floats(profile_
     for step in range(200):
         group = rng.choice(groups)
         entry = cache.entry(group, state)
-        fused = _cpu_memory_row_eval(entry)
+        fused = _cpu_memory_row_eval(entry, state)
         assert fused is not None and entry.row_eval is not None
         assert entry.row_eval.__qualname__ == fused.__qualname__  # the cache refreshes by it
         per_plugin = _row_eval(entry)
@@ -58,9 +64,8 @@ def test_reading_cpu_and_memory_once_gives_the_same_verdicts_and_floats(profile_
             assert fused(state, row) == per_plugin(state, row), (step, row)
         # ...and the kept scores (fused, one row at a time) equal a fresh vector computation.
         fresh = ClassCache(profile).entry(group, state).eff
-        finite = np.isfinite(fresh)
-        assert (np.isfinite(entry.eff) == finite).all() and np.array_equal(entry.eff[finite], fresh[finite])
-        live = np.flatnonzero(finite)
+        assert _same(entry.eff, fresh), step
+        live = np.flatnonzero(np.isfinite(fresh))
         if state.task_row and (rng.random() < 0.3 or not live.size):
             state.release(rng.choice(sorted(state.task_row)))
         elif live.size:
@@ -89,4 +94,25 @@ def test_a_class_reading_more_than_cpu_and_memory_keeps_the_per_plugin_refresh(
     state = ClusterArrays()
     state.upsert_node(make_node("n0").gpus(4).build())
     entry = ClassCache(build_profile(ProfileConfig())).entry(group, state)
-    assert _cpu_memory_row_eval(entry) is None, why
+    assert _cpu_memory_row_eval(entry, state) is None, why
+
+
+def test_the_refresh_follows_the_view_as_it_grows_past_its_capacity() -> None:
+    """The view's arrays are replaced when it grows (ClusterArrays._grow): the one-row refresh,
+    which reads them through views taken when its class was last rebuilt, must read the new ones."""
+    profile = build_profile(ProfileConfig())
+    state = ClusterArrays()
+    group = make_job("g").cpu("500m").mem("1Gi").build().groups[0]
+    cache = ClassCache(profile)
+    grown = 0
+    for i in range(140):
+        capacity = state.capacity
+        state.upsert_node(make_node(f"n{i}").cpu(str(1 + i % 5)).mem("8Gi").build())
+        grown += state.capacity != capacity
+        for step in range(3):  # one-row refreshes on the grown arrays
+            entry = cache.entry(group, state)
+            row = int(np.argmax(entry.eff))
+            state.place(row, Resident.for_task(Job(f"t{i}-{step}", (group,)), 0, (), 0.0))
+            kept = cache.entry(group, state).eff
+            assert _same(kept, ClassCache(profile).entry(group, state).eff), (i, step)
+    assert grown >= 2  # the arrays were replaced (64 -> 128 -> 256 rows)
