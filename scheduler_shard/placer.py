@@ -93,6 +93,10 @@ class Placer:
                 domains = list(found)
                 self._grouping = grouping
                 break
+        # The usual unit: one task, the whole view to choose from (one shard), no domains.
+        alone = len(unit.task_indexes) == 1 and len(domains) == 1 and domains[0] is None
+        if alone and len(locations) == 1 and locations[0] is None and self._place_alone(ctx, state):
+            return ctx, None
         # A gang preempts by priority only below its min_member (Volcano's gang rule): a retry of
         # a gang whose bound tasks reach it may only reclaim, as may the tasks past it of any unit.
         preempting = self._preempts and (not gang_has_minimum(unit, 0) or bool(self._past_minimum))
@@ -261,6 +265,31 @@ class Placer:
             resident = Resident.for_task(job, idx, gpus, now, unit.standing)
             ctx.place(state, row, resident, Placement(idx, node.name, gpus, victims))
         return unplaced
+
+    def _place_alone(self, ctx: UnitContext, state: ClusterArrays) -> bool:
+        """_try's first pass for a one-task unit over every row, where nothing but the class's
+        remembered best row can decide: no unit filter applies, no GPUs to choose, the task not
+        still in the view. Whether it placed the task; if not, _try does it all (and diagnoses)."""
+        unit = ctx.unit
+        job = unit.job
+        idx = unit.task_indexes[0]
+        if f"{job.id}/{idx}" in state.task_row:
+            return False
+        entry = self.cache.entry(job.group_of(idx), state)
+        tc = entry.tc
+        if tc.wants_gpu:
+            return False
+        for uf in self.profile.unit_filters:
+            if uf.relevant(tc, state):
+                return False
+        row = entry.best if entry.best_key is ALL_ROWS else self.cache.remembered_best_row(entry, None, None)
+        if row < 0 or entry.eff.item(row) == NEG_INF:
+            return False
+        node = state.nodes[row]
+        assert node is not None
+        resident = Resident.for_task(job, idx, (), self.clock(), unit.standing)
+        ctx.place(state, row, resident, Placement(idx, node.name, (), ()))
+        return True
 
     def _rows_of(self, allowed: Mask) -> npt.NDArray[np.intp]:
         if allowed is self._mask:
