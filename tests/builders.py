@@ -234,3 +234,9 @@ def make_job(job_id: str) -> JobBuilder:
 
 def make_node(name: str) -> NodeBuilder:
     return NodeBuilder(name).cpu("32").mem("128Gi")
+
+
+def zone_node(name: str, zone: str | None, cpu: str) -> Node:
+    """A node of `cpu` cpus in `zone` (None: a node without the zone label)."""
+    b = make_node(name).cpu(cpu)
+    return (b.label(zone=zone) if zone else b).build()

@@ -22,7 +22,7 @@ from gosched.runtime.pipeline import Pipeline
 from gosched.scheduler_shard.framework.task_class import class_of
 from gosched.scheduler_shard.plugins.anti_affinity import AntiAffinityFilter
 from gosched.scheduler_shard.unit_context import UnitContext
-from tests.builders import JobBuilder, make_job, make_node
+from tests.builders import JobBuilder, make_job, make_node, zone_node
 from tests.shard_helpers import run_units, shard_with
 
 Running = list[tuple[Job, int, str, tuple[tuple[int, int], ...]]]
@@ -50,8 +50,7 @@ def is_web(cpu: str = "2") -> Job:
 
 
 def node(name: str, cpu: str = "8", zone: str | None = None) -> Node:
-    b = make_node(name).cpu(cpu)
-    return (b.label(zone=zone) if zone else b).build()
+    return zone_node(name, zone, cpu)
 
 
 @dataclass

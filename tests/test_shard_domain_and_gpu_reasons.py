@@ -12,7 +12,7 @@ from gosched.common.job import Job
 from gosched.common.messages import Unit, UnitBatch
 from gosched.common.node import Node
 from gosched.runtime.pipeline import Pipeline
-from tests.builders import make_job, make_node
+from tests.builders import make_job, make_node, zone_node
 from tests.shard_helpers import shard_with
 
 PACK = "gosched.io/pack-domain"
@@ -24,8 +24,7 @@ def _gang(replicas: int, min_member: int, key: str = "zone") -> Job:
 
 
 def _zone(name: str, zone: str | None, cpu: str = "1") -> Node:
-    b = make_node(name).cpu(cpu)
-    return (b.label(zone=zone) if zone else b).build()
+    return zone_node(name, zone, cpu)
 
 
 @dataclass
