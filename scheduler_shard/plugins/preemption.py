@@ -1,6 +1,6 @@
 """Preemption plugins: who may be evicted (victim searching) and which node's victims to take.
 
-priority_victims: preemptible tasks of lower priority, for a job below its min_member only
+priority_victims: preemptible tasks of lower priority, not for a gang's tasks past its min_member
 (`ForStarvingJobs`). capacity_reclaim: preemptible tasks of a queue that borrows beyond its
 guarantee, when the preemptor's queue reclaims (the dispatcher says which queues in
 Unit.reclaim_from), whatever their priority, for any task of the unit. Either way a task of another
@@ -44,10 +44,11 @@ def quota_of(unit: Unit) -> Quota:
 
 
 class ForStarvingJobs:
-    """Marks a VictimSearching plugin whose victims serve only a job below its min_member: the
-    tasks of an elastic job past its minimum take free room only (Volcano's gang rule for its
-    preempt action). Capacity reclaim is no such plugin: a queue below its guarantee takes room
-    back for any of its tasks (Volcano's reclaim action asks no job whether it starves)."""
+    """Marks a VictimSearching plugin whose victims serve no gang (min_member above 1) past its
+    minimum: the tasks of an elastic gang past it take free room only (Volcano's gang rule for its
+    preempt action; a job of min_member 1 is no gang, and each of its tasks may preempt).
+    Capacity reclaim is no such plugin: a queue below its guarantee takes room back for any of its
+    tasks (Volcano's reclaim action asks no job whether it starves)."""
 
 
 @register
