@@ -156,14 +156,8 @@ class GpuTopology(ScorePlugin):
 
     def score(self, tc: TaskClass, state: ClusterArrays, rows: Rows) -> Scores:
         k = tc.gpu_whole
-        eligible = tc.eligible_gpus(state)
-        free = state.gpu_free[rows] == GPU_MILLI
-        free &= state.gpu_exists[rows] if eligible is None else eligible[rows]
-        numa = state.gpu_numa[rows]
-        best_numa = np.zeros(free.shape[0], np.int64)
-        for n in range(int(numa.max(initial=-1)) + 1):
-            best_numa = np.maximum(best_numa, (free & (numa == n)).sum(axis=1))
-        same_numa = best_numa >= k
+        free = (state.gpu_free[rows] == GPU_MILLI) & _usable(tc, state, rows)
+        same_numa = most_on_one_numa(free, state.gpu_numa[rows]) >= k
         free_bits = (free * _BITS).sum(axis=1)
         linked = ((state.gpu_nvlink[rows] & free_bits[:, None]) != 0) & free
         nvlinked = linked.sum(axis=1) >= k
