@@ -212,16 +212,20 @@ def test_a_deleted_node_gives_its_tasks_to_the_other_nodes_through_the_actors(tm
     def placed(*names: str) -> dict[str, list[str]]:
         return {n: sorted(t) for n, t in control.residents(list(names)).items()}
 
-    def settle(until: Callable[[], bool]) -> None:
+    def settle(until: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 60  # by time, not steps: a step returns at once when busy
         while time.monotonic() < deadline:
             control.step()
             if until():
                 return
+        # Say what the system says of every job, so that a failure tells which wait gave up and why.
+        snaps = control.jobs(control.job_ids(), placements=False)
+        told = {s.job.id: (s.task_states, control.explain(s.job.id)) for s in snaps if s is not None}
+        pytest.fail(f"not settled in 60 s: {what}; residents {placed('a', 'b', 'c')}; jobs {told}")
 
     try:
         control.submit_many([make_job(f"j{i}").cpu("1").build() for i in range(4)])
-        settle(lambda: sum(map(len, placed("a", "b").values())) == 4)  # both nodes full
+        settle(lambda: sum(map(len, placed("a", "b").values())) == 4, "both nodes full")
         on_a = placed("a")["a"]
         assert len(on_a) == 2
         assert sorted(control.remove_node("a")) == on_a
@@ -229,7 +233,7 @@ def test_a_deleted_node_gives_its_tasks_to_the_other_nodes_through_the_actors(tm
             control.remove_node("a")
         assert [s.node.name for s in control.nodes()] == ["b"]
         control.add_nodes([make_node("c").cpu("2").mem("16Gi").build()])
-        settle(lambda: len(placed("c")["c"]) == 2)  # queued again, and bound where there is room
+        settle(lambda: len(placed("c")["c"]) == 2, "the tasks of a queued again and bound on c")
         assert placed("a", "c") == {"a": [], "c": on_a}
     finally:
         control.close()
