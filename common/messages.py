@@ -8,9 +8,9 @@ columns (fast_pickle.rows_of); the others reduce one by one (fast_pickle).
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from itertools import accumulate
-from operator import attrgetter
-from typing import Any
+from itertools import accumulate, starmap
+from operator import attrgetter, itemgetter
+from typing import Any, Final
 
 from gosched.common.cluster_state import Resident
 from gosched.common.fast_pickle import fast_pickle, objects_from, rows_of
@@ -83,6 +83,39 @@ class UnitBatch:
 def _unit_batch(shard_id: int, job_rows: list[tuple[Any, ...]], rests: list[tuple[Any, ...]]) -> UnitBatch:
     jobs = objects_from(Job, job_rows)
     return UnitBatch(shard_id, [Unit(job, *rest) for job, rest in zip(jobs, rests, strict=True)])
+
+
+# A Unit's field values in order (what fast_pickle.rows_of(Unit) reads): job, task_indexes,
+# min_needed, attempt, reclaim_from, dispatch_time, held, floors, standing.
+UnitRow = tuple[
+    Job, tuple[int, ...], int, int, frozenset[str], float, int, tuple[QueueFloor, ...], int | None
+]
+ROW_DISPATCH_TIME: Final = 5  # the dispatch_time's place in a UnitRow
+_JOB_OF_ROW = itemgetter(0)
+_REST_OF_ROW = itemgetter(slice(1, None))
+
+
+class UnitBatchRows:
+    """A UnitBatch whose units are given as rows (UnitRow): packed as that batch is, byte for byte,
+    so it comes back as the same UnitBatch; the dispatcher makes the rows and sends them without a
+    Unit object per unit made only to be read back."""
+
+    __slots__ = ("rows", "shard_id")
+
+    def __init__(self, shard_id: int, rows: list[UnitRow]) -> None:
+        self.shard_id = shard_id
+        self.rows = rows
+
+    def batch(self) -> UnitBatch:
+        """The same batch as Unit objects."""
+        return UnitBatch(self.shard_id, list(starmap(Unit, self.rows)))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        rows = self.rows
+        job_rows = rows_of(Job, list(map(_JOB_OF_ROW, rows)))
+        if job_rows is None:  # a Job of a subclass: packed as its objects, as UnitBatch does
+            return self.batch().__reduce__()
+        return _unit_batch, (self.shard_id, job_rows, list(map(_REST_OF_ROW, rows)))
 
 
 # -- shard -> binder ---------------------------------------------------------------------------

@@ -46,7 +46,15 @@ from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.fast_pickle import objects_from, replaced, rows_of
 from gosched.common.job import Job, TaskGroup, split_task_id, task_id
-from gosched.common.messages import BindReply, QueueFloor, RejectedUnit, Unit, UnitBatch, Unschedulable
+from gosched.common.messages import (
+    BindReply,
+    QueueFloor,
+    RejectedUnit,
+    UnitBatch,
+    UnitBatchRows,
+    UnitRow,
+    Unschedulable,
+)
 from gosched.common.snapshots import JobSnapshot
 from gosched.common.spec import generated_job_id
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
@@ -154,6 +162,10 @@ class Dispatcher:
         self._waiting = 0  # jobs queued, backing off or dormant
         self._inflight = 0  # units in flight
         self.skipped_on_restore: list[str] = []  # stored jobs of queues no longer configured
+        # Per unit bound, when a caller keeps them (set a list): (dispatch time, submission time,
+        # binding time, tasks bound), for the scheduling latencies; the caller drains it.
+        self.timings: list[tuple[float, float, float, int]] | None = None
+        self.fast_dispatch = True  # False: next_batch_rows takes its general loop always (tests)
         self._ensure_shards(self.partitions.shards)
         self._group_interner = GroupInterner()
         self._floors_for: tuple[tuple[int, int, int], list[tuple[QueueFloor, ...]]] = ((-1, -1, -1), [])
@@ -310,6 +322,13 @@ class Dispatcher:
         per shard as the load; at most settings.batch_size units go to one shard per call, and at
         most `max_units` in all.
         """
+        return [b.batch() for b in self.next_batch_rows(shard_loads, max_units)]
+
+    def next_batch_rows(
+        self, shard_loads: Sequence[int] | None = None, max_units: int | None = None
+    ) -> list[UnitBatchRows]:
+        """next_batches with each unit as its row (UnitRow), for a caller that packs the batches:
+        they pack as the UnitBatches would, without a Unit object per unit."""
         now = self.clock()
         if self.partitions.version != self._partition_version:
             self._partition_version = self.partitions.version
@@ -330,7 +349,7 @@ class Dispatcher:
         limit = n_shards * per_shard_cap if max_units is None else max_units
         heap = [(load, s) for s, load in enumerate(base)]
         heapq.heapify(heap)
-        batches: list[list[Unit]] = [[] for _ in range(n_shards)]
+        batches: list[list[UnitRow]] = [[] for _ in range(n_shards)]
 
         usage = self.usage
         cap = self.capacity
@@ -366,6 +385,17 @@ class Dispatcher:
         guaranteed = [g > 0 for g in cap.guarantees]
         below = [guaranteed[i] and cap.below_guarantee(i, self._claim_share(i)) for i in range(nq)]
         dispatch = self._dispatch
+        if lone and self.fast_dispatch and standing_of[0] is None and reserved[0] is None:
+            target = _only_target(base, limit, per_shard_cap)
+            if target >= 0 and self._reservations.held[0] is None:
+                # Whatever the loop below would do, spelt out for the case at hand (one queue,
+                # one shard to fill): the Ray dispatcher's every batch with a single queue.
+                assert inflight is not None
+                batch = batches[target]
+                n, stopped = self._dispatch_alone(
+                    queues[0], target, limit, now, floors[0], order[0], free, unheld, batch, inflight
+                )
+                blocked[0] = stopped  # nothing more to take: the loop below ends at once
         # The shard just given a unit, with its load counted, while its batch has room: it goes back
         # on the heap as the next shard is taken (heappushpop: with one shard far less loaded than
         # the others, as the runtime asks, it comes straight back without moving the heap).
@@ -502,7 +532,7 @@ class Dispatcher:
         if inflight:
             for (queue, tenant), (cpu, mem, gpu) in inflight.items():
                 usage.add_inflight(queue, tenant, cpu, mem, gpu)
-        out = [UnitBatch(s, units) for s, units in enumerate(batches) if units]
+        out = [UnitBatchRows(s, units) for s, units in enumerate(batches) if units]
         for b in out:
             self._shard_epoch[b.shard_id] = self._epoch
         return out
@@ -572,6 +602,95 @@ class Dispatcher:
         """Even with its queue otherwise empty, the job's next unit would pass max_share."""
         return not self.capacity.fits(rec.qi, self._smallest_unit_share(rec, idx))
 
+    def _dispatch_alone(
+        self,
+        pq: PolicyQueue[JobRecord],
+        shard: int,
+        limit: int,
+        now: float,
+        floors: tuple[QueueFloor, ...],
+        order: bool,
+        free: list[int],
+        unheld: list[int],
+        batch: list[UnitRow],
+        inflight: dict[tuple[str, str], list[int]],
+    ) -> tuple[int, bool]:
+        """next_batch_rows' loop for one queue with no cap, guarantee, reservation or aging feeding
+        one shard: the same units in the same order, the same records, with _dispatch's steps
+        inline and the counters moved once. Returns the units dispatched and whether the queue has
+        none to give now (empty, or its head waits for the units in flight: `order`)."""
+        free_cpu, free_mem, free_gpu = free
+        of_shard = self._inflight_by_shard[shard]
+        epoch = self._shard_epoch[shard]
+        in_flight = self._inflight
+        n = 0
+        while n < limit:
+            rec = pq.peek()
+            if rec is None:
+                break
+            if not rec.n_pending or rec.cancelled:
+                pq.pop()
+                rec.where = IDLE
+                self._waiting -= 1
+                self._maybe_finish(rec)
+                continue
+            uniform, states = rec.uniform, rec.states
+            if uniform is not None and len(states) == 1 and states[0] is PENDING:
+                idx = ALL_OF_ONE
+                cpu, mem, gpu = uniform
+            else:
+                idx = rec.pending_indexes()
+                cpu, mem, gpu = rec.cost_of(idx)
+            if (
+                order
+                and in_flight + n
+                and ((cpu and cpu > free_cpu) or (mem and mem > free_mem) or (gpu and gpu > free_gpu))
+                and _fits(cpu, mem, gpu, unheld)
+            ):
+                break  # as the loop's `order` wait: the head waits for the answers in flight
+            pq.pop()
+            count = len(idx)
+            if count == 1:
+                states[idx[0]] = SCHEDULED
+            else:
+                for i in idx:
+                    states[i] = SCHEDULED
+            rec.n_pending -= count
+            rec.n_scheduled += count
+            attempt = rec.attempt = rec.dispatches
+            rec.dispatches = attempt + 1
+            rec.trust_epoch = epoch
+            rec.unsched = False
+            rec.where = INFLIGHT
+            rec.shard = rec.last_shard = shard
+            rec.dispatch_time = now
+            of_shard[rec.job_id] = rec
+            key = (rec.queue, rec.tenant)
+            row = inflight.get(key)
+            if row is None:
+                inflight[key] = [cpu, mem, gpu]
+            else:
+                row[0] += cpu
+                row[1] += mem
+                row[2] += gpu
+            held = rec.n_held
+            need = rec.job.min_member - held
+            if need < 1:
+                need = 1
+            if need > count:
+                need = count
+            batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
+            free_cpu -= cpu
+            free_mem -= mem
+            free_gpu -= gpu
+            n += 1
+        if n:
+            self._shard_load[shard] += n
+            self._waiting -= n
+            self._inflight += n
+            self._held_back[0] = ""
+        return n, n < limit
+
     def _dispatch(
         self,
         rec: JobRecord,
@@ -585,10 +704,10 @@ class Dispatcher:
         now: float,
         inflight: dict[tuple[str, str], list[int]] | None,
         standing: int | None = None,
-    ) -> Unit:
+    ) -> UnitRow:
         """Send the unit `idx` of `rec` (costing cpu, mem, gpu) to `shard`: its tasks scheduled, its
         cost in flight (added to `inflight` per queue and tenant, when given, for the caller to add
-        at once). Runs once per unit: plain locals and no calls beyond the Unit's."""
+        at once); returns the unit as its row. Runs once per unit: plain locals and no calls."""
         states = rec.states
         count = len(idx)
         if count == 1:
@@ -604,6 +723,7 @@ class Dispatcher:
         rec.unsched = False
         rec.where = INFLIGHT
         rec.shard = rec.last_shard = shard
+        rec.dispatch_time = now
         self._inflight_by_shard[shard][rec.job_id] = rec
         self._shard_load[shard] += 1
         self._waiting -= 1
@@ -627,7 +747,7 @@ class Dispatcher:
             need = 1
         if need > count:
             need = count
-        return Unit(rec.job, idx, need, attempt, reclaim, now, held, floors, standing)
+        return (rec.job, idx, need, attempt, reclaim, now, held, floors, standing)
 
     # -- answers ---------------------------------------------------------------------------------------
     def on_reply(self, reply: BindReply) -> list[str]:
@@ -648,11 +768,14 @@ class Dispatcher:
         refused: dict[str, list[RejectedUnit]] = {}
         for rej in reply.rejected:
             refused.setdefault(rej.job_id, []).append(rej)
+        timings = self.timings
         for acc in reply.accepted:
             rec = jobs.get(acc.job_id)
             if rec is None:
                 orphans.extend(task_id(acc.job_id, i) for i in acc.task_indexes)
                 continue
+            if timings is not None and rec.dispatch_time:  # (dispatched by this dispatcher)
+                timings.append((rec.dispatch_time, rec.job.submit_time, acc.bind_time, len(acc.task_indexes)))
             if self._bound_whole(rec, acc.task_indexes, committed):
                 continue
             states = rec.states
@@ -751,8 +874,22 @@ class Dispatcher:
             row[0] += cpu
             row[1] += mem
             row[2] += gpu
-        # _resolve(rec, now, backoff=False): the job is not cancelled (checked above).
-        self._leave_flight(rec)
+        # _resolve(rec, now, backoff=False): the job is not cancelled (checked above). Its
+        # _leave_flight, spelt out: one call fewer per unit bound.
+        s = rec.shard
+        if s < len(self._shard_load):
+            self._shard_load[s] -= 1
+            self._inflight_by_shard[s].pop(rec.job_id, None)
+        self._inflight -= 1
+        rec.where = IDLE
+        rec.shard = -1
+        claim = rec.claim
+        if claim is not None:
+            rec.claim = None
+            claimed = self._claims[rec.qi]
+            claimed[0] -= claim[0]
+            claimed[1] -= claim[1]
+            claimed[2] -= claim[2]
         if rec.n_pending:
             self._enqueue(rec)
         else:
@@ -1005,7 +1142,8 @@ class Dispatcher:
             self.usage.add_inflight(rec.queue, rec.tenant, *infl)
 
     def _leave_flight(self, rec: JobRecord) -> None:
-        """The job's unit in flight is answered: its shard's slot is free, the job idle."""
+        """The job's unit in flight is answered: its shard's slot is free, the job idle (spelt out
+        in _bound_whole too: change both)."""
         s = rec.shard
         if s < len(self._shard_load):
             self._shard_load[s] -= 1
@@ -1388,6 +1526,19 @@ def same_request(job: Job, first: Job) -> bool:
     named = job.id != generated_job_id(job.submission_id)
     job_id = job.id if named else first.id
     return replace(job, id=job_id, submit_time=first.submit_time) == first
+
+
+def _only_target(loads: Sequence[int], limit: int, per_shard_cap: int) -> int:
+    """The shard that next_batches' least-loaded choice gives all `limit` units to, or -1: the
+    least loaded by more than `limit` (no tie, no catching up), `limit` within its batch cap."""
+    if limit > per_shard_cap or not loads:
+        return -1
+    least = min(loads)
+    s = loads.index(least)
+    if len(loads) == 1:
+        return s
+    others = min(load for i, load in enumerate(loads) if i != s)
+    return s if others > least + limit else -1
 
 
 def _fits(cpu: int, mem: int, gpu: int, free: list[int]) -> bool:

@@ -38,6 +38,7 @@ class JobRecord:
         "claim",
         "costs",
         "diagnosis",
+        "dispatch_time",
         "dispatches",
         "disruption",
         "failure",
@@ -98,6 +99,7 @@ class JobRecord:
             ]
         self.where = IDLE
         self.dispatches = 0  # units dispatched so far; the next unit's attempt number
+        self.dispatch_time = 0.0  # when the latest unit was dispatched (its latency's start)
         self.attempt = -1  # attempt number of the unit in flight (or last dispatched)
         self.failures = 0  # consecutive unschedulable results (drives the backoff)
         self.unsched = False  # the unit in flight had tasks the shard could not place

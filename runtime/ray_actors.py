@@ -49,6 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import ray
@@ -60,7 +61,15 @@ from gosched.binder.writer import StoreWriter
 from gosched.common import wire
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
-from gosched.common.messages import BindReply, BindReplyRows, Change, ChangeList, ProposalBatch, UnitBatch
+from gosched.common.messages import (
+    ROW_DISPATCH_TIME,
+    BindReply,
+    BindReplyRows,
+    Change,
+    ChangeList,
+    ProposalBatch,
+    UnitBatch,
+)
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
@@ -78,6 +87,8 @@ CommitAnswer = tuple[str, bytes, list[bytes], int, bool]
 ACTOR_CPUS = 0
 # Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
 LATENCY_KEEP = 100_000
+_TASK_INDEXES = attrgetter("task_indexes")  # of an AcceptedUnit
+_BIND_TIME = attrgetter("bind_time")
 # The binder's exit code when its store writer fails: Ray restarts it, and it recovers from the store.
 WRITER_FAILED_EXIT = 70
 # Store paths SQLite opens as a private in-memory database, one per connection.
@@ -157,7 +168,6 @@ class DispatcherCore:
         self.bound_tasks = 0
         self.rejected_units = 0
         self.stale_reports = 0
-        self.dispatched_at: dict[str, float] = {}  # job id -> dispatch time of its unit in flight
         self.latencies: list[float] = []  # dispatch -> bind seconds per task, drained by the API
         self.wait_latencies: list[float] = []  # submission -> bind seconds per task (benchmarks)
         self.busy_s = 0.0  # time in next_batch and report: the dispatcher's share of scheduling
@@ -166,6 +176,7 @@ class DispatcherCore:
     def _build(self) -> None:
         self.store = Store(self.settings.store_path)
         self.dispatcher = Dispatcher(self.settings, store=self.store)
+        self.dispatcher.timings = []  # per unit bound, turned into latencies when drained
         self.restored = self.dispatcher.restore()
         self.incarnation = uuid.uuid4().hex
         tune_gc()
@@ -225,14 +236,12 @@ class DispatcherCore:
     def _next_batch(self, shard_id: int) -> tuple[str, bytes | None]:
         d = self.dispatcher
         loads = [0 if s == shard_id else 1 << 40 for s in range(d.partitions.shards)]
-        batches = d.next_batches(loads, max_units=self.settings.batch_size)
+        batches = d.next_batch_rows(loads, max_units=self.settings.batch_size)
         mine = [b for b in batches if b.shard_id == shard_id]
         if not mine:
             return self.incarnation, None
         if not self.first_dispatch:
-            self.first_dispatch = mine[0].units[0].dispatch_time
-        for unit in mine[0].units:
-            self.dispatched_at[unit.job.id] = unit.dispatch_time
+            self.first_dispatch = mine[0].rows[0][ROW_DISPATCH_TIME]
         return self.incarnation, wire.pack(mine[0])
 
     def report(self, reply_data: bytes, unschedulable_data: bytes, binder_incarnation: str) -> None:
@@ -259,24 +268,25 @@ class DispatcherCore:
         if reply.rejected:
             accepted = {a.job_id for a in reply.accepted}
             self.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
-        dispatched_at, latencies, waits = self.dispatched_at, self.latencies, self.wait_latencies
-        d = self.dispatcher
-        bound, last = 0, self.last_bind
-        for acc in reply.accepted:
-            n = len(acc.task_indexes)
-            bound += n
-            t = acc.bind_time
-            if t > last:
-                last = t
-            started = dispatched_at.pop(acc.job_id, 0.0)
-            if started and len(latencies) < LATENCY_KEEP:
-                latencies.extend([t - started] * n)
-            if len(waits) < LATENCY_KEEP and acc.job_id in d:
-                waits.extend([t - d.job(acc.job_id).submit_time] * n)
-        self.bound_tasks += bound
-        self.last_bind = last
-        for rej in reply.rejected:
-            dispatched_at.pop(rej.job_id, None)
+        if reply.accepted:  # the counts by C maps; the latencies wait in the timings until drained
+            self.bound_tasks += sum(map(len, map(_TASK_INDEXES, reply.accepted)))
+            self.last_bind = max(self.last_bind, *map(_BIND_TIME, reply.accepted))
+            timings = self.dispatcher.timings
+            if timings is not None and len(timings) > LATENCY_KEEP:
+                del timings[LATENCY_KEEP:]
+
+    def _take_timings(self) -> None:
+        """Turn the dispatcher's timings into per-task latencies (each list kept to LATENCY_KEEP)."""
+        timings = self.dispatcher.timings
+        if not timings:
+            return
+        latencies, waits = self.latencies, self.wait_latencies
+        for dispatched, submitted, bound, n in timings:
+            if len(latencies) < LATENCY_KEEP:
+                latencies.extend([bound - dispatched] * n)
+            if len(waits) < LATENCY_KEEP:
+                waits.extend([bound - submitted] * n)
+        timings.clear()
 
     def requeue_in_flight(self, shard_id: int, binder_incarnation: str) -> int:
         if binder_incarnation != self.binder_incarnation:
@@ -342,10 +352,12 @@ class DispatcherCore:
         return self.dispatcher.pending_task_count()
 
     def drain_latencies(self) -> list[float]:
+        self._take_timings()
         out, self.latencies = self.latencies, []
         return out
 
     def drain_wait_latencies(self) -> list[float]:
+        self._take_timings()
         out, self.wait_latencies = self.wait_latencies, []
         return out
 
