@@ -106,8 +106,12 @@ class HeapQueue(Generic[E]):
         return item
 
     def peek(self) -> E | None:
-        item = self._head()
-        return None if item is None else item[2]
+        item = self._head_item  # _head's first step, here: a call fewer per unit dispatched
+        if item is None:
+            item = self._head()
+            if item is None:
+                return None
+        return item[2]
 
     def pop(self) -> E | None:
         item = self._head_item  # set by the peek that usually comes just before
