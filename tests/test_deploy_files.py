@@ -295,3 +295,41 @@ def test_systemd_analyze_verify_finds_nothing_to_say(tmp_path: Path) -> None:
     broken.write_text(text.replace("\n[Service]\n", "\n[Service]\nRestrat=on-failure\n", 1))
     out = verify([broken])
     assert "Restrat" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("mode", "runs"), [("quick", 4), ("full", 8)])
+def test_the_bench_suite_runs_real_bench_options_each_into_its_own_folder(
+    mode: str, runs: int, tmp_path: Path
+) -> None:
+    """deploy/bench-suite.sh, run with a stand-in for gosched that records its arguments: every
+    invocation parses as `gosched bench`'s own, and each writes to a folder of its own under OUT."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "gosched"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(DEPLOY / "bench-suite.sh"), str(out), mode],
+        env={"PATH": "/usr/bin:/bin", "GOSCHED": str(fake)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    bench = get_command(app).commands["bench"]
+    folders = []
+    for line in calls.read_text().splitlines():
+        words = line.split()
+        assert words[0] == "bench"
+        folders.append(bench.make_context("bench", words[1:]).params["out"])
+    assert len(folders) == runs
+    assert len(set(folders)) == runs and all(Path(f).parent == out for f in folders)
+    log = (out / "suite.log").read_text()
+    assert "cores: " in log and log.count(": exit 0 after") == runs
+
+
+def test_the_bench_suite_refuses_an_unknown_mode(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(DEPLOY / "bench-suite.sh"), str(tmp_path), "fast"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "mode: fast" in done.stderr
