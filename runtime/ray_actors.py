@@ -76,7 +76,7 @@ from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.runtime.gc_tuning import tune_gc
-from gosched.runtime.packed_changes import PackedChanges
+from gosched.runtime.packed_changes import PackedChanges, Packer
 from gosched.scheduler_shard.shard import SchedulerShard
 
 # BinderCore.commit's answer: (binder incarnation, packed BindReply without its changes, packed
@@ -404,7 +404,9 @@ class BinderCore:
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
         self.busy_s = 0.0  # time in commit and changes_since
-        self.packed = PackedChanges()
+        packer = Packer()  # the commit's messages and segments: every one is packed in this thread
+        self._pack = packer.pack
+        self.packed = PackedChanges(packer)
         tune_gc()
 
     def get_incarnation(self) -> str:
@@ -427,16 +429,16 @@ class BinderCore:
         self.commits += 1
         as_rows = self.binder.last_bound  # this commit's, when the fast path took it whole
         if as_rows is not None:
-            verdicts = wire.pack(
+            verdicts = self._pack(
                 BindReplyRows(as_rows.accepted, reply.rejected, reply.evicted, reply.version, reply.shard_id)
             )
         else:
-            verdicts = wire.pack(
+            verdicts = self._pack(
                 BindReply(
                     reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
                 )
             )
-        unschedulable = wire.pack(batch.unschedulable)
+        unschedulable = self._pack(batch.unschedulable)
         report = self.dispatcher.report.remote
         incarnation = self.incarnation
         if self.writer is None:
