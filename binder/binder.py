@@ -7,7 +7,7 @@ with the changes since the shard's last view (binder/changelog.py).
 
     Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000,
            writer=None)
-    .commit(batch: ProposalBatch, *, with_changes=True) -> BindReply
+    .commit(batch: ProposalBatch, *, with_changes=True, rows_only=False) -> BindReply
     .add_nodes(nodes) -> int            .set_node_state(name, state) -> int
     .remove_node(name) -> list[str]     .release(task_ids, reason) -> list[str]
     .changes_since(version) -> (changes, version, resync)    .snapshot() -> list[Change]
@@ -329,10 +329,16 @@ class Binder:
         return [r.task_id for r in lost] + [e.task_id for e in broken]
 
     # -- the plan applier -----------------------------------------------------------------------------
-    def commit(self, batch: ProposalBatch, *, with_changes: bool = True) -> BindReply:
+    def commit(
+        self, batch: ProposalBatch, *, with_changes: bool = True, rows_only: bool = False
+    ) -> BindReply:
         """Check, apply and persist a batch of proposals; reply with the outcome and the changes
         since `batch.seen_version` (left empty with `with_changes=False`, for a caller that sends
-        the changes its own way; reply.version is the binder's version either way)."""
+        the changes its own way; reply.version is the binder's version either way).
+
+        `rows_only`: when the fast path takes the whole batch (last_bound is set), leave
+        reply.accepted empty, the verdicts being last_bound.accepted's rows, for a caller that
+        packs those (the binder actor): no AcceptedUnit is made only to be dropped."""
         self._usable()
         now = self.clock()
         proposals = batch.proposals
@@ -345,7 +351,8 @@ class Binder:
         if len(clean) == len(proposals):
             # Every proposal is clean (the usual batch): its answers go straight into the reply.
             as_rows = BoundRows(self.version, [], [], [])
-            self._bind_clean(proposals, clean, now, writes, reply.accepted, changes, as_rows)
+            accepted = None if rows_only else reply.accepted
+            self._bind_clean(proposals, clean, now, writes, accepted, changes, as_rows)
         else:
             self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
         self.last_bound = as_rows
@@ -405,13 +412,14 @@ class Binder:
         clean: CleanSet,
         now: float,
         writes: _Writes,
-        accepted: list[AcceptedUnit],
+        accepted: list[AcceptedUnit] | None,
         changes: list[Change],
         bound: BoundRows | None = None,
     ) -> None:
         """Bind the batch's clean proposals at once (see fastpath.py): one AcceptedUnit per unit
-        onto `accepted`, one TaskBound per placement onto `changes`, in order; each TaskBound's
-        node and resident row, and each AcceptedUnit's row, onto `bound` (when given)."""
+        onto `accepted` (when given), one TaskBound per placement onto `changes`, in order; each
+        TaskBound's node and resident row, and each AcceptedUnit's row, onto `bound` (when
+        given; one of `accepted` and `bound` must be)."""
         residents: list[Resident] = []
         binds = writes.clean_binds
         tids = clean.tids  # in placement order, as the loop below takes them
@@ -496,15 +504,17 @@ class Binder:
                 indexes: tuple[int, ...] = (placements[0].task_index,)
             else:
                 indexes = tuple(map(_TASK_INDEX, placements))
-            unit = new(AcceptedUnit)  # AcceptedUnit(jid, p.attempt, indexes, now), likewise
-            unit.job_id = jid
-            unit.attempt = p.attempt
-            unit.task_indexes = indexes
-            unit.bind_time = now
-            unit.victims = ()
-            accepted.append(unit)
+            attempt = p.attempt
+            if accepted is not None:
+                unit = new(AcceptedUnit)  # AcceptedUnit(jid, attempt, indexes, now), likewise
+                unit.job_id = jid
+                unit.attempt = attempt
+                unit.task_indexes = indexes
+                unit.bind_time = now
+                unit.victims = ()
+                accepted.append(unit)
             if b_nodes is not None:
-                b_accepted.append((jid, unit.attempt, indexes, now, ()))
+                b_accepted.append((jid, attempt, indexes, now, ()))
         self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:

@@ -425,7 +425,7 @@ class BinderCore:
         t0 = time.perf_counter()
         batch = wire.unpack(batch_data)
         assert isinstance(batch, ProposalBatch)
-        reply = self.binder.commit(batch, with_changes=False)  # the changes go as packed segments
+        reply = self.binder.commit(batch, with_changes=False, rows_only=True)  # changes: as segments
         self.commits += 1
         as_rows = self.binder.last_bound  # this commit's, when the fast path took it whole
         if as_rows is not None:
