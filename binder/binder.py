@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
+
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
 from gosched.binder.fastpath import NO_CLEAN, CleanSet, find_clean
 from gosched.binder.stages import (
@@ -43,7 +45,7 @@ from gosched.binder.stages import (
 )
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.binder.writer import StoreWriter
-from gosched.common.cluster_state import NO_VICTIM, ClusterArrays, Resident
+from gosched.common.cluster_state import I64, NO_VICTIM, ClusterArrays, Resident
 from gosched.common.job import split_task_id
 from gosched.common.messages import (
     AcceptedUnit,
@@ -423,7 +425,11 @@ class Binder:
         residents: list[Resident] = []
         binds = writes.clean_binds
         tids = clean.tids  # in placement order, as the loop below takes them
-        victim_priority: list[int] = []  # per placement, for the rows' victim bound (place_many)
+        # The victim priority each placement offers (the rows' victim bound, place_many), as runs:
+        # the first placement of each run and its value. Consecutive jobs mostly offer the same.
+        run_starts: list[int] = []
+        run_offers: list[int] = []
+        last_offer: int | None = None
         job_tasks = self.truth.job_tasks
         b_nodes = bound.nodes if bound is not None else None
         b_rows = bound.rows if bound is not None else []
@@ -446,6 +452,10 @@ class Binder:
             min_member = job.min_member
             budget = job.disruption_budget
             offers = priority if preemptible else NO_VICTIM
+            if offers != last_offer:
+                run_starts.append(k)
+                run_offers.append(offers)
+                last_offer = offers
             held = job_tasks.get(jid)
             for pl in placements:
                 group = single if single is not None else job.group_of(pl.task_index)
@@ -481,7 +491,6 @@ class Binder:
                 r.repels = ()
                 r.standing = standing
                 residents.append(r)
-                victim_priority.append(offers)
                 if held is None:
                     held = job_tasks[jid] = {tid}
                 else:
@@ -515,7 +524,13 @@ class Binder:
                 accepted.append(unit)
             if b_nodes is not None:
                 b_accepted.append((jid, attempt, indexes, now, ()))
-        self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority)
+        victim_priority: I64 | int
+        if len(run_offers) <= 1:  # one for all (or no placement): no column to build
+            victim_priority = run_offers[0] if run_offers else NO_VICTIM
+        else:
+            lengths = [end - start for start, end in zip(run_starts, [*run_starts[1:], k], strict=True)]
+            victim_priority = np.repeat(np.array(run_offers, np.int64), lengths)
+        self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority, clean.row_array)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
         """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""

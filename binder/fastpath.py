@@ -34,7 +34,7 @@ import numpy as np
 
 from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, PlainUsage
+from gosched.common.cluster_state import I64, MAX_GPUS, ClusterArrays, PlainUsage
 from gosched.common.job import TaskGroup, split_task_id
 from gosched.common.messages import Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
@@ -50,6 +50,7 @@ class CleanSet:
     # Where no placement of the batch names GPUs or asks for any GPU or extended resource (the
     # usual batch) and all are clean: each placement's cpu and memory, likewise. None otherwise.
     plain: PlainUsage | None = None
+    row_array: I64 | None = None  # `rows` as an array, where all are clean: place_many's too
 
     def __len__(self) -> int:
         return len(self.index)
@@ -187,13 +188,18 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
 
     # Hot nodes: unschedulable, or where the whole batch's demand does not fit what is free. Only
     # the touched rows are looked at: `at` maps each demand to its row's place in `touched`.
-    touched, at = np.unique(np.array(d_rows, np.int64), return_inverse=True)
+    row_array = np.array(d_rows, np.int64)
+    touched, at = np.unique(row_array, return_inverse=True)
     k = touched.size
-    slots = np.array(d_slot, np.int64)
     cpu = np.zeros(k, np.int64)
     mem = np.zeros(k, np.int64)
-    d_cpu = np.array([r.cpu_milli for r in reqs], np.int64)[slots]
-    d_mem = np.array([r.memory for r in reqs], np.int64)[slots]
+    if len(reqs) == 1:  # one request for the whole batch (the usual batch): no slot column to read
+        d_cpu = np.full(len(d_rows), reqs[0].cpu_milli, np.int64)
+        d_mem = np.full(len(d_rows), reqs[0].memory, np.int64)
+    else:
+        slots = np.array(d_slot, np.int64)
+        d_cpu = np.array([r.cpu_milli for r in reqs], np.int64)[slots]
+        d_mem = np.array([r.memory for r in reqs], np.int64)[slots]
     np.add.at(cpu, at, d_cpu)
     np.add.at(mem, at, d_mem)
     hot = (
@@ -216,7 +222,8 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     if not hot_rows and len(maybe) == len(proposals):
         # Every proposal clean (the usual batch): each placement gave one demand and one task id,
         # in order, so the columns are those already gathered.
-        return CleanSet(maybe, d_rows, tids, PlainUsage(tids, d_cpu, d_mem) if all_plain else None)
+        plain_usage = PlainUsage(tids, d_cpu, d_mem) if all_plain else None
+        return CleanSet(maybe, d_rows, tids, plain_usage, row_array)
     # Otherwise gather the clean proposals' columns again (their nodes all exist).
     out = CleanSet([], [], [])
     for i in maybe:

@@ -1,5 +1,7 @@
 """The binder actor's cuts of the fast path change nothing it answers or keeps: a commit with
-`rows_only` leaves the same truth and packs the same verdicts as one that makes AcceptedUnits."""
+`rows_only` leaves the same truth and packs the same verdicts as one that makes AcceptedUnits, and
+place_many takes its victim priorities as one int or an array, and its rows as an array, with the
+same state as reading them from the records."""
 
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from gosched.binder.binder import Binder
 from gosched.common import wire
+from gosched.common.cluster_state import NO_VICTIM, PlainUsage, Resident
 from gosched.common.fast_pickle import rows_of
 from gosched.common.messages import (
     AcceptedUnit,
@@ -23,6 +26,7 @@ from gosched.common.messages import (
 )
 from gosched.common.store import Store
 from tests.builders import make_job, make_node
+from tests.test_changes import NAMES, assert_same_view, fresh_view
 
 
 def _batch(seen: int, kinds: list[tuple[int, bool, int]]) -> ProposalBatch:
@@ -71,3 +75,34 @@ def test_rows_only_keeps_the_same_truth_and_verdicts(
     assert rows.view() == objects.view()
     assert np.array_equal(rows.state.min_victim_priority, objects.state.min_victim_priority)
     assert rows.truth.job_tasks == objects.truth.job_tasks
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(NAMES), st.integers(0, 4000)), max_size=30),
+    st.sampled_from([0, 7, -2]),
+    st.booleans(),
+)
+def test_one_victim_priority_for_all_and_a_row_array(
+    drawn: list[tuple[str, int]], prio: int, pre: bool
+) -> None:
+    """Every resident offering the same priority (one int) or a column of them (an array), with
+    the rows as an array too: the same state as place_many reading the records."""
+    by_record, by_int, by_array = fresh_view(), fresh_view(), fresh_view()
+    rows = [by_record.row_of[node] for node, _ in drawn]
+    residents = [
+        Resident(f"p{k}/0", f"p{k}", cpu, cpu * 2**10, priority=prio, preemptible=pre)
+        for k, (_, cpu) in enumerate(drawn)
+    ]
+    by_record.place_many(rows, residents)
+    plain = PlainUsage(
+        [r.task_id for r in residents],
+        np.array([r.cpu_milli for r in residents], np.int64),
+        np.array([r.memory for r in residents], np.int64),
+    )
+    offer = prio if pre else NO_VICTIM
+    row_array = np.array(rows, np.int64)
+    by_int.place_many(rows, residents, plain, offer, row_array)
+    by_array.place_many(rows, residents, plain, np.full(len(rows), offer, np.int64), row_array)
+    assert_same_view(by_int, by_record)
+    assert_same_view(by_array, by_record)
