@@ -436,12 +436,27 @@ class Binder:
         b_accepted = bound.accepted if bound is not None else []
         k = 0
         new = object.__new__
+        # A one-group job's request and role, kept for the next proposal: consecutive jobs mostly
+        # share their groups (interned at submission).
+        last_groups = None
+        single = None
+        cpu = memory = 0
+        extended: tuple[tuple[str, int], ...] = ()
+        role = ""
         for i in clean.index:
             p = proposals[i]
             job = p.job
             jid = job.id
             groups = job.groups
-            single = groups[0] if len(groups) == 1 else None
+            if groups is not last_groups:
+                last_groups = groups
+                single = groups[0] if len(groups) == 1 else None
+                if single is not None:
+                    req = single.resources
+                    cpu = req.cpu_milli
+                    memory = req.memory
+                    extended = req.extended
+                    role = single.role
             standing = p.standing
             placements = p.placements
             priority = job.priority
@@ -458,16 +473,17 @@ class Binder:
                 last_offer = offers
             held = job_tasks.get(jid)
             for pl in placements:
-                group = single if single is not None else job.group_of(pl.task_index)
-                req = group.resources
+                if single is None:
+                    group = job.group_of(pl.task_index)
+                    req = group.resources
+                    cpu = req.cpu_milli
+                    memory = req.memory
+                    extended = req.extended
+                    role = group.role
                 node = pl.node
                 gpus = pl.gpus
                 tid = tids[k]
                 k += 1
-                cpu = req.cpu_milli
-                memory = req.memory
-                extended = req.extended
-                role = group.role
                 # Resident.for_task's record, made here from what the fast path already has (the
                 # task id), its slots written in this frame: a dataclass __init__ call costs as much
                 # again. Every field is set (the tests compare these with the stages' records). A

@@ -14,6 +14,7 @@ from gosched.binder.binder import Binder
 from gosched.common import wire
 from gosched.common.cluster_state import NO_VICTIM, PlainUsage, Resident
 from gosched.common.fast_pickle import rows_of
+from gosched.common.job import task_id
 from gosched.common.messages import (
     AcceptedUnit,
     BindReply,
@@ -106,3 +107,16 @@ def test_one_victim_priority_for_all_and_a_row_array(
     by_array.place_many(rows, residents, plain, np.full(len(rows), offer, np.int64), row_array)
     assert_same_view(by_int, by_record)
     assert_same_view(by_array, by_record)
+
+
+def test_task_ids_past_the_made_suffixes(tmp_path: Path) -> None:
+    """The fast path makes "/index" from strings kept for the usual indexes: past them, and for
+    every index, its task ids are task_id()'s."""
+    binder = _binder(tmp_path, "ids", 4)
+    job = make_job("big").cpu("0.1").replicas(5000).build()
+    indexes = [0, 9, 4095, 4096, 4999]
+    batch = ProposalBatch(0, binder.version, [Proposal(job, [Placement(i, f"n{i % 4}") for i in indexes], 1)])
+    reply = binder.commit(batch)
+    assert reply.accepted[0].task_indexes == tuple(indexes)
+    assert sorted(binder.truth.job_tasks["big"]) == sorted(task_id("big", i) for i in indexes)
+    assert [c.resident.task_id for c in reply.changes] == [task_id("big", i) for i in indexes]  # type: ignore[union-attr]
