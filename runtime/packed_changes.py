@@ -22,7 +22,8 @@ class Packer:
     """wire.pack with one Pickler kept for the process's thread that packs (the binder actor's):
     the same bytes, but the memo table keeps the size a batch grew it to, where each
     pickle.dumps grows a new one from 8 entries, rehashing and clearing it at every doubling
-    (a batch of 500 bindings memoises some 3,500 objects)."""
+    (a batch of 500 bindings memoises about 1,550 objects in each of its verdicts and its change
+    segment). Clearing it after a message clears the whole table: keep one per kind of message."""
 
     def __init__(self) -> None:
         self._out = io.BytesIO()

@@ -404,9 +404,12 @@ class BinderCore:
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
         self.busy_s = 0.0  # time in commit and changes_since
-        packer = Packer()  # the commit's messages and segments: every one is packed in this thread
-        self._pack = packer.pack
-        self.packed = PackedChanges(packer)
+        # One kept Pickler per kind of message (all packed in this thread): a memo table keeps the
+        # size its kind grows it to, and is cleared whole after each message, so an empty list
+        # must not clear the table a change segment grew.
+        self._pack_verdicts = Packer().pack
+        self._pack_unschedulable = Packer().pack
+        self.packed = PackedChanges(Packer())
         tune_gc()
 
     def get_incarnation(self) -> str:
@@ -429,16 +432,16 @@ class BinderCore:
         self.commits += 1
         as_rows = self.binder.last_bound  # this commit's, when the fast path took it whole
         if as_rows is not None:
-            verdicts = self._pack(
+            verdicts = self._pack_verdicts(
                 BindReplyRows(as_rows.accepted, reply.rejected, reply.evicted, reply.version, reply.shard_id)
             )
         else:
-            verdicts = self._pack(
+            verdicts = self._pack_verdicts(
                 BindReply(
                     reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
                 )
             )
-        unschedulable = self._pack(batch.unschedulable)
+        unschedulable = self._pack_unschedulable(batch.unschedulable)
         report = self.dispatcher.report.remote
         incarnation = self.incarnation
         if self.writer is None:

@@ -31,8 +31,9 @@ def test_the_same_bytes_as_wire_pack_message_after_message() -> None:
         ChangeList(shared[:1]),
         {"a": (1, 2), "b": [b"x" * 10, "y"]},
     ]
-    for message in messages:
-        assert packer.pack(message) == wire.pack(message)
+    packed = [packer.pack(message) for message in messages]
+    # each message's bytes as wire.pack's, and none changed by packing the ones after it
+    assert packed == [wire.pack(message) for message in messages]
     assert pickle.loads(packer.pack(messages[0])) == list(shared)
 
 
