@@ -4,7 +4,7 @@ ProposalBatch bytes (N SchedulingBasic single-task jobs over 10,000 nodes, as be
 
     python binder_harness.py N MODE
 MODE 0 stops after the set-up, 1 replays the batches, 2 replays them with the harness's own part
-(comparing each reply with the reference) done twice. Under callgrind (callgrind.sh), the
+(comparing each reply with the reference) done twice. Under callgrind (binder_callgrind.sh), the
 instructions per task of the binder's process alone are (2 * I(1) - I(0) - I(2)) / N (the writer
 is a child process: callgrind without --trace-children does not count it). MODE ref replays once
 and saves the replies (verdict bytes and change-segment bytes) as the reference that modes 1 and 2

@@ -1,5 +1,5 @@
 #!/bin/bash
-# callgrind.sh N: the binder's instructions per task (binder_harness.py); $PYTHON (default python)
+# binder_callgrind.sh N: the binder's instructions per task (binder_harness.py); $PYTHON (default python)
 # must import the gosched package to measure. Deterministic up to the writer's ack thread: the same
 # code gives the same count within a few instructions per task.
 n=${1:-20000}; here=$(dirname "$0"); out=$(mktemp -d); py=${PYTHON:-python}
