@@ -7,7 +7,7 @@ with the changes since the shard's last view (binder/changelog.py).
 
     Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000,
            writer=None)
-    .commit(batch: ProposalBatch, *, with_changes=True) -> BindReply
+    .commit(batch: ProposalBatch, *, with_changes=True, rows_only=False) -> BindReply
     .add_nodes(nodes) -> int            .set_node_state(name, state) -> int
     .remove_node(name) -> list[str]     .release(task_ids, reason) -> list[str]
     .changes_since(version) -> (changes, version, resync)    .snapshot() -> list[Change]
@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
+
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
 from gosched.binder.fastpath import NO_CLEAN, CleanSet, find_clean
 from gosched.binder.stages import (
@@ -43,7 +45,7 @@ from gosched.binder.stages import (
 )
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.binder.writer import StoreWriter
-from gosched.common.cluster_state import NO_VICTIM, ClusterArrays, Resident
+from gosched.common.cluster_state import I64, NO_VICTIM, ClusterArrays, Resident
 from gosched.common.job import split_task_id
 from gosched.common.messages import (
     AcceptedUnit,
@@ -329,10 +331,16 @@ class Binder:
         return [r.task_id for r in lost] + [e.task_id for e in broken]
 
     # -- the plan applier -----------------------------------------------------------------------------
-    def commit(self, batch: ProposalBatch, *, with_changes: bool = True) -> BindReply:
+    def commit(
+        self, batch: ProposalBatch, *, with_changes: bool = True, rows_only: bool = False
+    ) -> BindReply:
         """Check, apply and persist a batch of proposals; reply with the outcome and the changes
         since `batch.seen_version` (left empty with `with_changes=False`, for a caller that sends
-        the changes its own way; reply.version is the binder's version either way)."""
+        the changes its own way; reply.version is the binder's version either way).
+
+        `rows_only`: when the fast path takes the whole batch (last_bound is set), leave
+        reply.accepted empty, the verdicts being last_bound.accepted's rows, for a caller that
+        packs those (the binder actor): no AcceptedUnit is made only to be dropped."""
         self._usable()
         now = self.clock()
         proposals = batch.proposals
@@ -345,7 +353,8 @@ class Binder:
         if len(clean) == len(proposals):
             # Every proposal is clean (the usual batch): its answers go straight into the reply.
             as_rows = BoundRows(self.version, [], [], [])
-            self._bind_clean(proposals, clean, now, writes, reply.accepted, changes, as_rows)
+            accepted = None if rows_only else reply.accepted
+            self._bind_clean(proposals, clean, now, writes, accepted, changes, as_rows)
         else:
             self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
         self.last_bound = as_rows
@@ -405,29 +414,49 @@ class Binder:
         clean: CleanSet,
         now: float,
         writes: _Writes,
-        accepted: list[AcceptedUnit],
+        accepted: list[AcceptedUnit] | None,
         changes: list[Change],
         bound: BoundRows | None = None,
     ) -> None:
         """Bind the batch's clean proposals at once (see fastpath.py): one AcceptedUnit per unit
-        onto `accepted`, one TaskBound per placement onto `changes`, in order; each TaskBound's
-        node and resident row, and each AcceptedUnit's row, onto `bound` (when given)."""
+        onto `accepted` (when given), one TaskBound per placement onto `changes`, in order; each
+        TaskBound's node and resident row, and each AcceptedUnit's row, onto `bound` (when
+        given; one of `accepted` and `bound` must be)."""
         residents: list[Resident] = []
         binds = writes.clean_binds
         tids = clean.tids  # in placement order, as the loop below takes them
-        victim_priority: list[int] = []  # per placement, for the rows' victim bound (place_many)
+        # The victim priority each placement offers (the rows' victim bound, place_many), as runs:
+        # the first placement of each run and its value. Consecutive jobs mostly offer the same.
+        run_starts: list[int] = []
+        run_offers: list[int] = []
+        last_offer: int | None = None
         job_tasks = self.truth.job_tasks
         b_nodes = bound.nodes if bound is not None else None
         b_rows = bound.rows if bound is not None else []
         b_accepted = bound.accepted if bound is not None else []
         k = 0
         new = object.__new__
+        # A one-group job's request and role, kept for the next proposal: consecutive jobs mostly
+        # share their groups (interned at submission).
+        last_groups = None
+        single = None
+        cpu = memory = 0
+        extended: tuple[tuple[str, int], ...] = ()
+        role = ""
         for i in clean.index:
             p = proposals[i]
             job = p.job
             jid = job.id
             groups = job.groups
-            single = groups[0] if len(groups) == 1 else None
+            if groups is not last_groups:
+                last_groups = groups
+                single = groups[0] if len(groups) == 1 else None
+                if single is not None:
+                    req = single.resources
+                    cpu = req.cpu_milli
+                    memory = req.memory
+                    extended = req.extended
+                    role = single.role
             standing = p.standing
             placements = p.placements
             priority = job.priority
@@ -438,18 +467,23 @@ class Binder:
             min_member = job.min_member
             budget = job.disruption_budget
             offers = priority if preemptible else NO_VICTIM
+            if offers != last_offer:
+                run_starts.append(k)
+                run_offers.append(offers)
+                last_offer = offers
             held = job_tasks.get(jid)
             for pl in placements:
-                group = single if single is not None else job.group_of(pl.task_index)
-                req = group.resources
+                if single is None:
+                    group = job.group_of(pl.task_index)
+                    req = group.resources
+                    cpu = req.cpu_milli
+                    memory = req.memory
+                    extended = req.extended
+                    role = group.role
                 node = pl.node
                 gpus = pl.gpus
                 tid = tids[k]
                 k += 1
-                cpu = req.cpu_milli
-                memory = req.memory
-                extended = req.extended
-                role = group.role
                 # Resident.for_task's record, made here from what the fast path already has (the
                 # task id), its slots written in this frame: a dataclass __init__ call costs as much
                 # again. Every field is set (the tests compare these with the stages' records). A
@@ -473,7 +507,6 @@ class Binder:
                 r.repels = ()
                 r.standing = standing
                 residents.append(r)
-                victim_priority.append(offers)
                 if held is None:
                     held = job_tasks[jid] = {tid}
                 else:
@@ -496,16 +529,24 @@ class Binder:
                 indexes: tuple[int, ...] = (placements[0].task_index,)
             else:
                 indexes = tuple(map(_TASK_INDEX, placements))
-            unit = new(AcceptedUnit)  # AcceptedUnit(jid, p.attempt, indexes, now), likewise
-            unit.job_id = jid
-            unit.attempt = p.attempt
-            unit.task_indexes = indexes
-            unit.bind_time = now
-            unit.victims = ()
-            accepted.append(unit)
+            attempt = p.attempt
+            if accepted is not None:
+                unit = new(AcceptedUnit)  # AcceptedUnit(jid, attempt, indexes, now), likewise
+                unit.job_id = jid
+                unit.attempt = attempt
+                unit.task_indexes = indexes
+                unit.bind_time = now
+                unit.victims = ()
+                accepted.append(unit)
             if b_nodes is not None:
-                b_accepted.append((jid, unit.attempt, indexes, now, ()))
-        self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority)
+                b_accepted.append((jid, attempt, indexes, now, ()))
+        victim_priority: I64 | int
+        if len(run_offers) <= 1:  # one for all (or no placement): no column to build
+            victim_priority = run_offers[0] if run_offers else NO_VICTIM
+        else:
+            lengths = [end - start for start, end in zip(run_starts, [*run_starts[1:], k], strict=True)]
+            victim_priority = np.repeat(np.array(run_offers, np.int64), lengths)
+        self.truth.place_clean(clean.rows, residents, clean.plain, victim_priority, clean.row_array)
 
     def _commit_unit(self, proposal: Proposal, scope: BatchScope, writes: _Writes, now: float) -> _Outcome:
         """Run the stages over one proposal, then apply it: evict -> confirm released -> bind."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, PlainUsage
+from gosched.common.cluster_state import I64, MAX_GPUS, ClusterArrays, PlainUsage
 from gosched.common.job import TaskGroup, split_task_id
 from gosched.common.messages import Proposal
 from gosched.common.resources import GPU_MILLI, ResourceRequest
@@ -50,12 +50,17 @@ class CleanSet:
     # Where no placement of the batch names GPUs or asks for any GPU or extended resource (the
     # usual batch) and all are clean: each placement's cpu and memory, likewise. None otherwise.
     plain: PlainUsage | None = None
+    row_array: I64 | None = None  # `rows` as an array, where all are clean: place_many's too
 
     def __len__(self) -> int:
         return len(self.index)
 
 
 NO_CLEAN = CleanSet([], [], [])  # read only
+
+# "/0", "/1", ...: what task_id() puts after the job id, for the usual task indexes.
+_SLASH_INDEXES = 4096
+_SLASH_INDEX = tuple(f"/{i}" for i in range(_SLASH_INDEXES))
 
 
 def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: int) -> CleanSet:
@@ -126,7 +131,11 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
             clean = False
         for pl in placements:
             idx = pl.task_index
-            tid = f"{jid}/{idx}"  # task_id()
+            # task_id(): the "/index" strings made once (a concatenation costs a third of
+            # formatting); an index that is not a plain int is formatted as task_id() does.
+            tid = (
+                jid + _SLASH_INDEX[idx] if type(idx) is int and 0 <= idx < _SLASH_INDEXES else f"{jid}/{idx}"
+            )
             tids.append(tid)
             if pl.victims:
                 victims.update(pl.victims)
@@ -140,10 +149,14 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
             else:
                 req = job.group_of(idx).resources
                 slot = slot_for(req)
-            row = row_of.get(pl.node)
-            if row is None or slot < 0:
+            try:
+                row = row_of[pl.node]  # a subscript: half a get() call
+            except KeyError:
                 clean = False
-                continue  # fails node_exists / task_valid whatever happens: never consumes
+                continue  # fails node_exists whatever happens: never consumes
+            if slot < 0:
+                clean = False
+                continue  # fails task_valid whatever happens: never consumes
             d_rows.append(row)
             d_slot.append(slot)
             gpus = pl.gpus
@@ -187,13 +200,18 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
 
     # Hot nodes: unschedulable, or where the whole batch's demand does not fit what is free. Only
     # the touched rows are looked at: `at` maps each demand to its row's place in `touched`.
-    touched, at = np.unique(np.array(d_rows, np.int64), return_inverse=True)
+    row_array = np.array(d_rows, np.int64)
+    touched, at = np.unique(row_array, return_inverse=True)
     k = touched.size
-    slots = np.array(d_slot, np.int64)
     cpu = np.zeros(k, np.int64)
     mem = np.zeros(k, np.int64)
-    d_cpu = np.array([r.cpu_milli for r in reqs], np.int64)[slots]
-    d_mem = np.array([r.memory for r in reqs], np.int64)[slots]
+    if len(reqs) == 1:  # one request for the whole batch (the usual batch): no slot column to read
+        d_cpu = np.full(len(d_rows), reqs[0].cpu_milli, np.int64)
+        d_mem = np.full(len(d_rows), reqs[0].memory, np.int64)
+    else:
+        slots = np.array(d_slot, np.int64)
+        d_cpu = np.array([r.cpu_milli for r in reqs], np.int64)[slots]
+        d_mem = np.array([r.memory for r in reqs], np.int64)[slots]
     np.add.at(cpu, at, d_cpu)
     np.add.at(mem, at, d_mem)
     hot = (
@@ -216,7 +234,8 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
     if not hot_rows and len(maybe) == len(proposals):
         # Every proposal clean (the usual batch): each placement gave one demand and one task id,
         # in order, so the columns are those already gathered.
-        return CleanSet(maybe, d_rows, tids, PlainUsage(tids, d_cpu, d_mem) if all_plain else None)
+        plain_usage = PlainUsage(tids, d_cpu, d_mem) if all_plain else None
+        return CleanSet(maybe, d_rows, tids, plain_usage, row_array)
     # Otherwise gather the clean proposals' columns again (their nodes all exist).
     out = CleanSet([], [], [])
     for i in maybe:

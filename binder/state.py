@@ -5,7 +5,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from gosched.common.cluster_state import MAX_GPUS, ClusterArrays, PlainUsage, Resident
+from gosched.common.cluster_state import I64, MAX_GPUS, ClusterArrays, PlainUsage, Resident
 from gosched.common.job import Job
 from gosched.common.messages import Change, NodeUpserted, TaskBound
 from gosched.common.node import Node
@@ -162,11 +162,13 @@ class BinderState:
         rows: Sequence[int],
         residents: Sequence[Resident],
         plain: PlainUsage | None,
-        victim_priority: Sequence[int],
+        victim_priority: Sequence[int] | I64 | int,
+        row_array: I64 | None = None,
     ) -> None:
-        """Place the fast path's residents (see ClusterArrays.place_many for `plain` and
-        `victim_priority`). job_tasks is the caller's: it adds each task as it makes the record."""
-        self.arrays.place_many(rows, residents, plain, victim_priority)
+        """Place the fast path's residents (see ClusterArrays.place_many for `plain`,
+        `victim_priority` and `row_array`). job_tasks is the caller's: it adds each task as it
+        makes the record."""
+        self.arrays.place_many(rows, residents, plain, victim_priority, row_array)
         if self._queue_use:
             for r in residents:
                 self._count_queue(r, 1)

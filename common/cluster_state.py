@@ -399,22 +399,28 @@ class ClusterArrays:
         rows: Sequence[int],
         residents: Sequence[Resident],
         plain: PlainUsage | None = None,
-        victim_priority: Sequence[int] | None = None,
+        victim_priority: Sequence[int] | I64 | int | None = None,
+        row_array: I64 | None = None,
     ) -> None:
         """place() for many residents at once, usage added with numpy (callers have checked fit;
         no task may appear twice). A shard applies every binding in the cluster this way.
 
         `plain`: the residents' task ids, cpu and memory, for residents that hold no GPUs or
         extended resources and repel nothing (the caller vouches for it). `victim_priority`: the
-        priority each offers as a victim (its priority if preemptible, else NO_VICTIM)."""
+        priority each offers as a victim (its priority if preemptible, else NO_VICTIM), per
+        resident, or one int that every one offers. `row_array`: `rows` as an int64 array, where
+        the caller has it (the binder's fast path made one): a list-to-array pass less."""
         n = len(rows)
         if n < 8:  # numpy's per-call cost outweighs the loop
             for row, r in zip(rows, residents, strict=True):
                 self.place(row, r)
             return
-        row_arr = np.fromiter(rows, np.int64, n)
+        row_arr = np.fromiter(rows, np.int64, n) if row_array is None else row_array
+        prio: I64 | int
         if victim_priority is None:
             prio = np.fromiter((r.priority if r.preemptible else NO_VICTIM for r in residents), np.int64, n)
+        elif isinstance(victim_priority, int | np.ndarray):
+            prio = victim_priority
         else:
             prio = np.fromiter(victim_priority, np.int64, n)
         np.minimum.at(self.victim_priority_bound, row_arr, prio)

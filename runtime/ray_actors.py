@@ -76,7 +76,7 @@ from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.runtime.gc_tuning import tune_gc
-from gosched.runtime.packed_changes import PackedChanges
+from gosched.runtime.packed_changes import PackedChanges, Packer
 from gosched.scheduler_shard.shard import SchedulerShard
 
 # BinderCore.commit's answer: (binder incarnation, packed BindReply without its changes, packed
@@ -404,7 +404,12 @@ class BinderCore:
         self.incarnation = uuid.uuid4().hex
         self.commits = 0
         self.busy_s = 0.0  # time in commit and changes_since
-        self.packed = PackedChanges()
+        # One kept Pickler per kind of message (all packed in this thread): a memo table keeps the
+        # size its kind grows it to, and is cleared whole after each message, so an empty list
+        # must not clear the table a change segment grew.
+        self._pack_verdicts = Packer().pack
+        self._pack_unschedulable = Packer().pack
+        self.packed = PackedChanges(Packer())
         tune_gc()
 
     def get_incarnation(self) -> str:
@@ -423,20 +428,20 @@ class BinderCore:
         t0 = time.perf_counter()
         batch = wire.unpack(batch_data)
         assert isinstance(batch, ProposalBatch)
-        reply = self.binder.commit(batch, with_changes=False)  # the changes go as packed segments
+        reply = self.binder.commit(batch, with_changes=False, rows_only=True)  # changes: as segments
         self.commits += 1
         as_rows = self.binder.last_bound  # this commit's, when the fast path took it whole
         if as_rows is not None:
-            verdicts = wire.pack(
+            verdicts = self._pack_verdicts(
                 BindReplyRows(as_rows.accepted, reply.rejected, reply.evicted, reply.version, reply.shard_id)
             )
         else:
-            verdicts = wire.pack(
+            verdicts = self._pack_verdicts(
                 BindReply(
                     reply.accepted, reply.rejected, reply.evicted, [], reply.version, shard_id=reply.shard_id
                 )
             )
-        unschedulable = wire.pack(batch.unschedulable)
+        unschedulable = self._pack_unschedulable(batch.unschedulable)
         report = self.dispatcher.report.remote
         incarnation = self.incarnation
         if self.writer is None:
