@@ -98,10 +98,12 @@ JobRow = tuple[str, str | None, bytes, float, str]  # _INSERT_JOB's values
 TaskInsert = tuple[str, str, int, str, float]  # _INSERT_TASK's values
 
 
-def _from_states(target: TaskState) -> str:
-    """SQL list of the stored states a row may move to `target` from (LEGAL), `target` included."""
+def _may_move(target: TaskState) -> str:
+    """SQL test that the stored state may move to `target` (LEGAL), `target` included. Written as
+    ORs, not `state IN (...)`: SQLite builds an IN list of more than two constants into a temporary
+    B-tree on each run of the statement, and executemany runs it once per row."""
     sources = sorted({s.value for s, to in LEGAL.items() if target in to} | {target.value})
-    return "(" + ", ".join(f"'{v}'" for v in sources) + ")"
+    return "(" + " OR ".join(f"state = '{v}'" for v in sources) + ")"
 
 
 # Two writers change task states, the dispatcher and the binder (its writer process a moment
@@ -111,11 +113,11 @@ def _from_states(target: TaskState) -> str:
 # eviction into "running" by an agent's late report.
 _BIND = (
     "UPDATE tasks SET state = 'bound', node = ?, gpus = ?, bound_at = ?, updated = ? "
-    f"WHERE task_id = ? AND state IN {_from_states(TaskState.BOUND)}"
+    f"WHERE task_id = ? AND {_may_move(TaskState.BOUND)}"
 )
 # Back to pending (requeued): a new attempt, no node. Other states keep the node for the record.
 _LEGAL_SQL = (
-    "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN state IN {_from_states(t)}" for t in TaskState) + " END"
+    "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN {_may_move(t)}" for t in TaskState) + " END"
 )
 _SET_STATE = f"""
 UPDATE tasks SET
