@@ -4,7 +4,7 @@
 # code gives the same count. GROUP=k in the environment: k frames per transaction.
 n=${1:-20000}; here=$(dirname "$0"); out=$(mktemp -d); py=${PYTHON:-python}
 for m in setup child0 child commit pack; do
-  PYTHONHASHSEED=0 setarch "$(uname -m)" -R valgrind --tool=callgrind --callgrind-out-file="$out/cg.$m" \
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONHASHSEED=0 setarch "$(uname -m)" -R valgrind --tool=callgrind --callgrind-out-file="$out/cg.$m" \
     "$py" -P "$here/writer_harness.py" "$n" $m > "$out/log.$m" 2>&1 &
 done
 wait
