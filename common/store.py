@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple, Self
 
@@ -98,10 +99,12 @@ JobRow = tuple[str, str | None, bytes, float, str]  # _INSERT_JOB's values
 TaskInsert = tuple[str, str, int, str, float]  # _INSERT_TASK's values
 
 
-def _from_states(target: TaskState) -> str:
-    """SQL list of the stored states a row may move to `target` from (LEGAL), `target` included."""
+def _may_move(target: TaskState) -> str:
+    """SQL test that the stored state may move to `target` (LEGAL), `target` included. Written as
+    ORs, not `state IN (...)`: SQLite builds an IN list of more than two constants into a temporary
+    B-tree on each run of the statement, and executemany runs it once per row."""
     sources = sorted({s.value for s, to in LEGAL.items() if target in to} | {target.value})
-    return "(" + ", ".join(f"'{v}'" for v in sources) + ")"
+    return "(" + " OR ".join(f"state = '{v}'" for v in sources) + ")"
 
 
 # Two writers change task states, the dispatcher and the binder (its writer process a moment
@@ -111,12 +114,17 @@ def _from_states(target: TaskState) -> str:
 # eviction into "running" by an agent's late report.
 _BIND = (
     "UPDATE tasks SET state = 'bound', node = ?, gpus = ?, bound_at = ?, updated = ? "
-    f"WHERE task_id = ? AND state IN {_from_states(TaskState.BOUND)}"
+    f"WHERE task_id = ? AND {_may_move(TaskState.BOUND)}"
 )
+# _BIND for a batch holding no GPUs (every binding of CPU-only work): no GPU text to make and bind
+# per row. Its rows are (node, time, task id).
+_BIND_NO_GPUS = (
+    "UPDATE tasks SET state = 'bound', node = ?1, gpus = '', bound_at = ?2, updated = ?2 "
+    f"WHERE task_id = ?3 AND {_may_move(TaskState.BOUND)}"
+)
+_gpus_of = itemgetter(2)
 # Back to pending (requeued): a new attempt, no node. Other states keep the node for the record.
-_LEGAL_SQL = (
-    "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN state IN {_from_states(t)}" for t in TaskState) + " END"
-)
+_LEGAL_SQL = "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN {_may_move(t)}" for t in TaskState) + " END"
 _SET_STATE = f"""
 UPDATE tasks SET
     attempt  = attempt + (state != 'pending' AND ?1 = 'pending'),
@@ -462,10 +470,15 @@ class Store:
         t: float,
         jobs: Mapping[str, Job],
     ) -> None:
-        bind_rows = [(node, gpus_to_text(gpus), t, t, tid) for tid, node, gpus in bound]
-        if bind_rows:
-            cur = c.executemany(_BIND, bind_rows)
-            if cur.rowcount != len(bind_rows):
+        if bound:
+            if any(map(_gpus_of, bound)):
+                cur = c.executemany(
+                    _BIND, [(node, gpus_to_text(gpus), t, t, tid) for tid, node, gpus in bound]
+                )
+            else:
+                cur = c.executemany(_BIND_NO_GPUS, [(node, t, tid) for tid, node, _ in bound])
+            if cur.rowcount != len(bound):
+                bind_rows = [(node, gpus_to_text(gpus), t, t, tid) for tid, node, gpus in bound]
                 self._bind_missing(c, bind_rows, jobs, t)
         if state_changes:
             c.executemany(_SET_STATE, [(TaskState(s).value, t, tid) for tid, s in state_changes])
