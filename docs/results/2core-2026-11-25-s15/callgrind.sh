@@ -1,9 +1,11 @@
 #!/bin/bash
 # callgrind.sh N: the dispatcher's instructions per task (dispatcher_harness.py); PYTHONPATH must
-# reach the gosched package to measure. Deterministic: the same code gives the same count.
+# reach the gosched package to measure. Deterministic: the same code gives the same count (one
+# OpenBLAS thread: its idle threads spin, and added up to 500 instructions a task of noise).
 n=${1:-20000}; here=$(dirname "$0"); out=$(mktemp -d)
 for m in 0 1 2; do
-  PYTHONHASHSEED=0 setarch "$(uname -m)" -R valgrind --tool=callgrind --callgrind-out-file="$out/cg.$m" \
+  OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0 setarch "$(uname -m)" -R \
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.$m" \
     python -P "$here/dispatcher_harness.py" "$n" $m > "$out/log.$m" 2>&1 &
 done
 wait
