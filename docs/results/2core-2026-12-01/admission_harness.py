@@ -32,8 +32,12 @@ core.set_nodes(cluster, totals)
 if replicas == 1:
     jobs = basic_jobs(n)
 else:  # ingest's: one group of R workers, a gang of all of them
-    group = TaskGroup(role="worker", replicas=replicas, resources=ResourceRequest(cpu_milli=500, memory=GiB),
-                      command=("python", "work.py"))
+    group = TaskGroup(
+        role="worker",
+        replicas=replicas,
+        resources=ResourceRequest(cpu_milli=500, memory=GiB),
+        command=("python", "work.py"),
+    )
     jobs = [Job(id=f"job-{i}", groups=(group,), min_member=replicas) for i in range(n)]
 calls = [pickle.dumps(jobs[i : i + chunk], protocol=5) for i in range(0, n, chunk)]
 del jobs
