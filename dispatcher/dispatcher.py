@@ -76,6 +76,7 @@ from gosched.dispatcher.records import (
     JobRecord,
     failure_line,
     job_state_of,
+    queued_records,
     with_failure,
 )
 from gosched.dispatcher.reservation import Reservations, ahead
@@ -333,13 +334,7 @@ class Dispatcher:
         """Make the records of `jobs` just admitted (`totals`: their task counts, every task
         pending) and queue them in order."""
         qis = list(map(self._queue_index.__getitem__, map(_QUEUE, jobs)))
-        seq = self._seq
-        recs = [
-            JobRecord(job, seq + k, qi, [PENDING] * total, n_pending=total)
-            for k, (job, qi, total) in enumerate(zip(jobs, qis, totals, strict=True), 1)
-        ]
-        for rec in recs:
-            rec.where = QUEUED
+        recs = queued_records(jobs, self._seq, qis, totals)  # every task pending, QUEUED
         self._seq += len(recs)
         ids = list(map(_ID, jobs))
         self._jobs.update(zip(ids, recs, strict=True))

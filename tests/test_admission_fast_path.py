@@ -1,5 +1,6 @@
 """submit_many's fast path keeps what the per-job path did: the checks in order with the same errors
-(dispatcher/dispatcher.py submit_many), the queues' order (queues/base.py push_many against push)."""
+(dispatcher/dispatcher.py submit_many), the records (records.py queued_records against
+JobRecord.__init__), the queues' order (queues/base.py push_many against push)."""
 
 import pickle
 from dataclasses import replace
@@ -12,7 +13,7 @@ from gosched.common.job import Job
 from gosched.common.states import TaskState
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.dispatcher.queues import DeadlineQueue, FifoQueue, HeapQueue
-from gosched.dispatcher.records import QUEUED
+from gosched.dispatcher.records import QUEUED, JobRecord, queued_records
 from gosched.dispatcher.store import MemoryStore
 from gosched.runtime.simulation import basic_jobs
 from tests.builders import make_job
@@ -23,6 +24,23 @@ PENDING = TaskState.PENDING
 def shipped(jobs: list[Job]) -> list[Job]:
     back: list[Job] = pickle.loads(pickle.dumps(jobs))
     return back
+
+
+def slots(rec: JobRecord) -> dict[str, object]:
+    return {name: getattr(rec, name) for name in JobRecord.__slots__}
+
+
+def test_queued_records_match_records_made_by_init() -> None:
+    gang = make_job("gang").cpu("1").replicas(3).group("ps").cpu("2").gpus(1).replicas(2).build()
+    jobs = [*shipped(basic_jobs(3)), gang, *basic_jobs(2, start=3), replace(gang, id="gang2")]
+    totals = [j.total_replicas for j in jobs]
+    qis = [0, 0, 1, 0, 1, 1, 0]
+    made = queued_records(jobs, 10, qis, totals)
+    for k, (rec, job) in enumerate(zip(made, jobs, strict=True)):
+        want = JobRecord(job, 11 + k, qis[k], [PENDING] * totals[k], n_pending=totals[k])
+        want.where = QUEUED
+        assert slots(rec) == slots(want)
+    assert made[0].states is not made[1].states and made[0].costs is not made[1].costs
 
 
 class Entry:
