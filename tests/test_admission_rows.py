@@ -99,3 +99,27 @@ def test_add_jobs_stays_all_or_nothing(tmp_path: Path) -> None:
         job_rows, task_rows = stored(s)
         assert [r[0] for r in job_rows] == ["job-0", "job-1", "job-7"]
         assert [r[0] for r in task_rows] == ["job-0/0", "job-1/0", "job-7/0"]
+
+
+def test_single_task_rows_are_written_when_sqlite_reuses_rowids(tmp_path: Path) -> None:
+    # Past rowid 2**63 - 1 SQLite picks unused rowids at random: the task rows made from the jobs
+    # past the largest rowid would miss them, so they are written row by row instead.
+    with Store(tmp_path / "d.db") as s:
+        s._conn.execute(
+            "INSERT INTO jobs (rowid, id, spec, submit_time, state) VALUES (?, 'top', x'00', 0, 'done')",
+            (2**63 - 1,),
+        )
+        jobs = basic_jobs(5)
+        s.add_jobs(jobs, now=4.0)
+        _, task_rows = stored(s)
+        assert task_rows == [(task_id(j.id, 0), j.id, 0, "pending", 4.0) for j in jobs]
+
+
+def test_the_binder_stores_missing_single_task_jobs_with_their_rows(tmp_path: Path) -> None:
+    with Store(tmp_path / "d.db") as s:
+        jobs = basic_jobs(3)
+        s.add_jobs(jobs[:1], now=1.0)
+        s.commit(1, [(task_id(j.id, 0), "n1", ()) for j in jobs], [], now=2.0, jobs={j.id: j for j in jobs})
+        job_rows, task_rows = stored(s)
+        assert [r[0] for r in job_rows] == ["job-0", "job-1", "job-2"]
+        assert [(r[0], r[3]) for r in task_rows] == [(task_id(j.id, 0), "bound") for j in jobs]
