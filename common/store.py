@@ -97,7 +97,11 @@ CREATE TABLE IF NOT EXISTS nodes (
 _INSERT_JOB = "INSERT INTO jobs (id, submission_id, spec, submit_time, state) VALUES (?, ?, ?, ?, ?)"
 # A job without a submission id: the column keeps its default, NULL (see _job_rows).
 _INSERT_JOB_UNNAMED = "INSERT INTO jobs (id, spec, submit_time, state) VALUES (?, ?, ?, ?)"
-_INSERT_TASK = "INSERT INTO tasks (task_id, job_id, idx, state, updated) VALUES (?, ?, ?, ?, ?)"
+# Every task row written at submission is pending: the state is in the statement, not bound per row.
+_INSERT_TASK = (
+    "INSERT INTO tasks (task_id, job_id, idx, state, updated) "
+    f"VALUES (?, ?, ?, '{TaskState.PENDING.value}', ?)"
+)
 # _INSERT_JOB's values, or _INSERT_JOB_UNNAMED's
 JobRow = tuple[str, str | None, bytes | bytearray, float, str] | tuple[str, bytes | bytearray, float, str]
 _ID, _SUBMISSION, _SUBMIT_TIME = attrgetter("id"), attrgetter("submission_id"), attrgetter("submit_time")
@@ -120,7 +124,7 @@ class TasksOfEach(NamedTuple):
     t: float
 
 
-TaskInsert = tuple[str, str, int, str, float]  # _INSERT_TASK's values
+TaskInsert = tuple[str, str, int, float]  # _INSERT_TASK's values
 
 
 def _from_states(target: TaskState) -> str:
@@ -371,7 +375,7 @@ class Store:
         submission id, the rows leave that column out (NULL, its default): SQLite's module binds
         a str, int, float or bytearray as it is, but looks up an adapter for bytes and None,
         raising and clearing two AttributeErrors each time (about half as dear as the insert)."""
-        job_state, task_state = JobState.PENDING.value, TaskState.PENDING.value
+        job_state = JobState.PENDING.value
         ids = list(map(_ID, jobs))
         specs = map(bytearray, encode_many(jobs))
         subs = list(map(_SUBMISSION, jobs))
@@ -395,7 +399,7 @@ class Store:
         job_col = list(chain.from_iterable(map(repeat, ids, counts)))
         idx_col = list(chain.from_iterable(map(range, counts)))
         tids = map(add, job_col, map(suffixes.__getitem__, idx_col))
-        return job_rows, zip(tids, job_col, idx_col, repeat(task_state), repeat(t))
+        return job_rows, zip(tids, job_col, idx_col, repeat(t))
 
     @staticmethod
     def _insert_rows(
@@ -433,7 +437,7 @@ class Store:
         job_col = list(chain.from_iterable(map(repeat, ids, repeat(n))))
         idx_col = list(chain.from_iterable(map(range, repeat(n, len(ids)))))
         tids = map(add, job_col, map(suffixes.__getitem__, idx_col))
-        c.executemany(task_sql, zip(tids, job_col, idx_col, repeat(TaskState.PENDING.value), repeat(t)))
+        c.executemany(task_sql, zip(tids, job_col, idx_col, repeat(t)))
 
     def find_submission(self, submission_id: str) -> str | None:
         """The id of the job stored under `submission_id`, None if there is none."""
