@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
-from operator import attrgetter
+from operator import attrgetter, is_
 
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
@@ -205,15 +205,20 @@ class Dispatcher:
             self._finished,
             self._unqueued,
         )
-        given: object = None  # the previous job's groups as given, and what the interner made of them
+        # The previous job's groups as given, and what the interner made of them.
+        given: tuple[TaskGroup, ...] | None = None
         groups: tuple[TaskGroup, ...] = ()
         total = 0
         for k, job in enumerate(jobs):
-            # The usual job, checked here as _check_new checks it: its groups tuple the previous
-            # job's (a batch shares one), valid, no submission id, a new id. Any other goes the
-            # whole way, which finds the same or says what is wrong.
+            # The usual job, checked here as _check_new checks it: its groups the previous job's
+            # (the same tuple, as in a pickled batch, or one of the same group objects, as the API
+            # makes them: the interner would give the same groups and total), valid, no
+            # submission id, a new id. Any other goes the whole way, which finds the same or says
+            # what is wrong.
+            g = job.groups
             if (
-                job.groups is given
+                given is not None
+                and (g is given or (type(g) is tuple and len(g) == len(given) and all(map(is_, g, given))))
                 and job.queue in queue_index
                 and total >= 1
                 and 1 <= job.min_member <= total
@@ -233,7 +238,7 @@ class Dispatcher:
                 # Interned first: the jobs of one batch share their groups tuple, so it is looked up
                 # and its replica total summed once for them all (validated per job from the total).
                 groups, total = self._shared_groups(job)
-                given = job.groups
+                given = g if type(g) is tuple else None
                 first = self._check_new(job, total, batch_subs, batch_ids)
             except SpecError as exc:
                 if len(jobs) == 1:

@@ -172,3 +172,20 @@ def test_a_batch_alternating_two_groups_tuples_is_interned_and_counted() -> None
     with pytest.raises(SpecError) as info:  # min_member 3 on a one-task job, second of its tuple
         d.submit_many(shipped([replace(j, id=f"k{i}", min_member=3) for i, j in enumerate(jobs)]))
     assert info.value.field == "jobs[0].min_member"
+
+
+def test_jobs_with_tuples_of_their_own_are_taken_as_the_api_makes_them() -> None:
+    # The API parses each job's groups tuple apart, of shared group objects (api/convert.py).
+    (group,) = basic_jobs(1)[0].groups
+    copy = replace(group)  # equal, another object: interned to the first
+    jobs = [Job(id=f"j{k}", groups=(copy if k == 3 else group,)) for k in range(5)]
+    d = dispatcher()
+    assert d.submit_many(shipped(jobs)) == [j.id for j in jobs]
+    held = [d.job(j.id) for j in jobs]
+    assert held == [replace(j, submit_time=1000.0) for j in jobs]
+    assert all(h.groups[0] is held[0].groups[0] for h in held)
+    assert [d._jobs[j.id].n_pending for j in jobs] == [1] * 5
+    bad = [Job(id=f"k{k}", groups=(group,), min_member=2 if k == 2 else 1) for k in range(4)]
+    with pytest.raises(SpecError) as info:
+        d.submit_many(shipped(bad))
+    assert info.value.field == "jobs[2].min_member"
