@@ -39,8 +39,10 @@ import heapq
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
+from operator import attrgetter, is_
 
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
@@ -74,6 +76,7 @@ from gosched.dispatcher.records import (
     JobRecord,
     failure_line,
     job_state_of,
+    queued_records,
     with_failure,
 )
 from gosched.dispatcher.reservation import Reservations, ahead
@@ -196,11 +199,46 @@ class Dispatcher:
         totals: list[int] = []
         batch_subs: dict[str, Job] = {}
         batch_ids: set[str] = set()
+        queue_index, active, finished, unqueued = (
+            self._queue_index,
+            self._jobs,
+            self._finished,
+            self._unqueued,
+        )
+        # The previous job's groups as given, and what the interner made of them.
+        given: tuple[TaskGroup, ...] | None = None
+        groups: tuple[TaskGroup, ...] = ()
+        total = 0
         for k, job in enumerate(jobs):
+            # The usual job, checked here as _check_new checks it: its groups the previous job's
+            # (the same tuple, as in a pickled batch, or one of the same group objects, as the API
+            # makes them: the interner would give the same groups and total), valid, no
+            # submission id, a new id. Any other goes the whole way, which finds the same or says
+            # what is wrong.
+            g = job.groups
+            if (
+                given is not None
+                and (g is given or (type(g) is tuple and len(g) == len(given) and all(map(is_, g, given))))
+                and job.queue in queue_index
+                and total >= 1
+                and 1 <= job.min_member <= total
+                and not job.submission_id
+                and job.id not in active
+                and job.id not in finished
+                and job.id not in unqueued
+                and job.id not in batch_ids
+            ):
+                batch_ids.add(job.id)
+                new.append(job)
+                shared.append(groups)
+                totals.append(total)
+                ids.append(job.id)
+                continue
             try:
                 # Interned first: the jobs of one batch share their groups tuple, so it is looked up
                 # and its replica total summed once for them all (validated per job from the total).
                 groups, total = self._shared_groups(job)
+                given = g if type(g) is tuple else None
                 first = self._check_new(job, total, batch_subs, batch_ids)
             except SpecError as exc:
                 if len(jobs) == 1:
@@ -300,17 +338,25 @@ class Dispatcher:
     def _register(self, jobs: list[Job], totals: list[int]) -> None:
         """Make the records of `jobs` just admitted (`totals`: their task counts, every task
         pending) and queue them in order."""
-        records, tenant_jobs, submissions = self._jobs, self._tenant_jobs, self._submissions
-        queue_index = self._queue_index
-        for job, total in zip(jobs, totals, strict=True):
-            self._seq = seq = self._seq + 1
-            rec = JobRecord(job, seq, queue_index[job.queue], [PENDING] * total, n_pending=total)
-            records[job.id] = rec
-            tenant = rec.tenant
-            tenant_jobs[tenant] = tenant_jobs.get(tenant, 0) + 1
-            if job.submission_id:
-                submissions[job.submission_id] = job.id
-            self._enqueue(rec)  # a new job has pending tasks and is not cancelled
+        qis = list(map(self._queue_index.__getitem__, map(_QUEUE, jobs)))
+        recs = queued_records(jobs, self._seq, qis, totals)  # every task pending, QUEUED
+        self._seq += len(recs)
+        ids = list(map(_ID, jobs))
+        self._jobs.update(zip(ids, recs, strict=True))
+        tenant_jobs = self._tenant_jobs
+        for tenant, n in Counter(map(_TENANT, jobs)).items():
+            tenant_jobs[tenant] = tenant_jobs.get(tenant, 0) + n
+        subs = list(map(_SUBMISSION, jobs))
+        if any(subs):
+            self._submissions.update((sid, jid) for sid, jid in zip(subs, ids, strict=True) if sid)
+        # Queued in order (a new job has pending tasks and is not cancelled): a queue at a time,
+        # which keeps each queue's order; usually one queue takes them all.
+        if qis.count(qis[0]) == len(qis):
+            self._queues[qis[0]].push_many(recs)
+        else:
+            for qi in dict.fromkeys(qis):
+                self._queues[qi].push_many([rec for rec in recs if rec.qi == qi])
+        self._waiting += len(recs)
 
     # -- dispatching ---------------------------------------------------------------------------------
     def next_batches(
@@ -1550,6 +1596,8 @@ def _fits(cpu: int, mem: int, gpu: int, free: list[int]) -> bool:
 # Job's field positions, for restamped.
 _JOB_FIELDS = [f.name for f in fields(Job)]
 _GROUPS_AT, _TIME_AT = _JOB_FIELDS.index("groups"), _JOB_FIELDS.index("submit_time")
+_ID, _QUEUE, _TENANT = attrgetter("id"), attrgetter("queue"), attrgetter("tenant")
+_SUBMISSION = attrgetter("submission_id")
 
 
 def restamped(jobs: list[Job], groups: list[tuple[TaskGroup, ...]], now: float) -> list[Job]:

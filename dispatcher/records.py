@@ -148,6 +148,62 @@ class JobRecord:
         return [i for i, s in enumerate(self.states) if s is state]
 
 
+_new = object.__new__
+
+
+def queued_records(jobs: list[Job], seq: int, qis: list[int], totals: list[int]) -> list[JobRecord]:
+    """JobRecord(job, seq + k, qi, [PENDING] * total, n_pending=total) for the k-th job, its
+    `where` QUEUED: the records of jobs just submitted, about to be queued. The slots are
+    written here, in one frame for them all, not by a call of __init__ per job (which a
+    submission pays for every job); tests/test_dispatcher_submit_cost.py checks they match."""
+    out = []
+    last: object = None  # the previous job's groups: alike jobs share the tuple, and its cost
+    uniform: Cost | None = None
+    for job, qi, total in zip(jobs, qis, totals, strict=True):
+        rec = _new(JobRecord)
+        rec.job = job
+        rec.job_id = job.id
+        rec.queue = job.queue
+        rec.tenant = job.tenant
+        seq += 1
+        rec.seq = seq
+        rec.qi = qi
+        rec.states = [PENDING] * total
+        rec.n_pending = total
+        rec.n_scheduled = rec.n_held = 0
+        groups = job.groups
+        if groups is last and uniform is not None:
+            rec.uniform = uniform
+            rec.costs = []
+        elif len(groups) == 1:
+            r = groups[0].resources
+            rec.uniform = uniform = (r.cpu_milli, r.memory, r.gpu_total_milli)
+            rec.costs = []
+            last = groups
+        else:
+            rec.uniform = None
+            rec.costs = [
+                (g.resources.cpu_milli, g.resources.memory, g.resources.gpu_total_milli)
+                for g in groups
+                for _ in range(g.replicas)
+            ]
+        rec.where = QUEUED
+        rec.dispatches = 0
+        rec.dispatch_time = 0.0
+        rec.attempt = -1
+        rec.failures = 0
+        rec.unsched = False
+        rec.claim = None
+        rec.shard = rec.last_shard = -1
+        rec.ready_at = rec.parked_at = 0.0
+        rec.trust_epoch = rec.park_epoch = rec.park_token = 0
+        rec.cancelled = False
+        rec.diagnosis = None
+        rec.note = rec.disruption = rec.failure = ""
+        out.append(rec)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
     """What is kept of a job once every task has ended (the full record is dropped)."""

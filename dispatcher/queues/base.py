@@ -11,8 +11,9 @@ higher priority) go to the heap. The next entry is the smaller of the two heads.
 """
 
 import heapq
+import operator
 from collections import deque
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from gosched.common.job import Job
 
@@ -31,6 +32,7 @@ class QueueEntry(Protocol):
 
 
 E = TypeVar("E", bound=QueueEntry)
+_JOB_ID = operator.attrgetter("job_id")
 
 
 class PolicyQueue(Protocol[E]):
@@ -38,6 +40,9 @@ class PolicyQueue(Protocol[E]):
 
     def push(self, entry: E) -> None:
         """Add an entry; a job already present is replaced."""
+
+    def push_many(self, entries: list[E]) -> None:
+        """push each entry, in order."""
 
     def peek(self) -> E | None:
         """The entry `pop` would return, or None when empty."""
@@ -69,6 +74,9 @@ class HeapQueue(Generic[E]):
         # the same entry, and the second look would only find it again.
         self._head_item: tuple[Any, int, E] | None = None
 
+    # `key` as a C getter, where there is one: push_many reads every entry's key with it.
+    keys_by: ClassVar["operator.attrgetter[Any] | None"] = None
+
     def key(self, entry: E) -> Any:
         raise NotImplementedError
 
@@ -84,6 +92,29 @@ class HeapQueue(Generic[E]):
             run.append(item)
         else:
             heapq.heappush(self._heap, item)
+
+    def push_many(self, entries: list[E]) -> None:
+        """push each entry in order. The usual case, new jobs whose keys ascend from the run's
+        last (a submission's jobs in a FIFO queue), is done by C maps: their items go to the run
+        at once. Anything else goes entry by entry."""
+        members = self._members
+        ids = list(map(_JOB_ID, entries))
+        keys = list(map(self.keys_by or self.key, entries))
+        run = self._run
+        if (
+            not keys
+            or any(map(members.__contains__, ids))
+            or (run and not run[-1][0] <= keys[0])
+            or not all(map(operator.le, keys, keys[1:]))
+        ):
+            for entry in entries:
+                self.push(entry)
+            return
+        tokens = range(self._token + 1, self._token + 1 + len(entries))
+        self._token += len(entries)
+        members.update(zip(ids, tokens, strict=True))
+        self._head_item = None
+        run.extend(zip(keys, tokens, entries, strict=True))
 
     def _head(self) -> tuple[Any, int, E] | None:
         """The next live item (stale ones at either head are dropped on the way), or None."""

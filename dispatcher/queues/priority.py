@@ -122,6 +122,10 @@ class PriorityAgingQueue(Generic[E]):
         return job.priority + self._aging * min(max(0.0, now - job.submit_time), self._max_age)
 
     # -- PolicyQueue ------------------------------------------------------------------------------------
+    def push_many(self, entries: list[E]) -> None:
+        for entry in entries:
+            self.push(entry)
+
     def push(self, entry: E) -> None:
         job_id = entry.job_id
         members = self._members

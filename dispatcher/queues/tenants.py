@@ -67,6 +67,10 @@ class TenantShareQueue(Generic[E]):
         raise NotImplementedError
 
     # -- queue interface ----------------------------------------------------------------------------
+    def push_many(self, entries: list[E]) -> None:
+        for entry in entries:
+            self.push(entry)
+
     def push(self, entry: E) -> None:
         tenant = entry.job.tenant
         old = self._members.get(entry.job_id)

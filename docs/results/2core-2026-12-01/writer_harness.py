@@ -5,7 +5,7 @@ no GPUs), grouped as writer_child groups them (GROUP_FRAMES frames per transacti
 environment makes it k, as when the writer keeps up and few frames queue).
 
     python writer_harness.py N MODE
-MODE (each a whole run, for callgrind.sh to subtract):
+MODE (each a whole run, for writer_callgrind.sh to subtract):
     setup   the store, its jobs, the frames (packed, and decoded into groups); nothing measured
     child0  setup, then writer_child.run over no frames (its store opened and closed)
     child   setup, then writer_child.run over the frames (from a file, as from its pipe)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# callgrind.sh N: the store writer's instructions per task bound (writer_harness.py); PYTHONPATH
+# writer_callgrind.sh N: the store writer's instructions per task bound (writer_harness.py); PYTHONPATH
 # (or a venv's python as PYTHON) must reach the gosched package to measure. Deterministic: the same
 # code gives the same count. GROUP=k in the environment: k frames per transaction.
 n=${1:-20000}; here=$(dirname "$0"); out=$(mktemp -d); py=${PYTHON:-python}
