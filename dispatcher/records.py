@@ -3,7 +3,7 @@
 import enum
 from dataclasses import dataclass
 
-from gosched.common.job import Job
+from gosched.common.job import Job, TaskGroup
 from gosched.common.messages import Diagnosis
 from gosched.common.states import HOLDS_RESOURCES, TERMINAL, JobState, TaskState
 
@@ -85,18 +85,9 @@ class JobRecord:
         else:
             self.n_pending = n_pending
             self.n_scheduled = self.n_held = 0
-        groups = job.groups
-        if len(groups) == 1:
-            r = groups[0].resources
-            self.uniform: Cost | None = (r.cpu_milli, r.memory, r.gpu_total_milli)
-            self.costs: list[Cost] = []
-        else:
-            self.uniform = None
-            self.costs = [
-                (g.resources.cpu_milli, g.resources.memory, g.resources.gpu_total_milli)
-                for g in groups
-                for _ in range(g.replicas)
-            ]
+        self.uniform: Cost | None
+        self.costs: list[Cost]
+        self.uniform, self.costs = job_costs(job.groups)
         self.where = IDLE
         self.dispatches = 0  # units dispatched so far; the next unit's attempt number
         self.dispatch_time = 0.0  # when the latest unit was dispatched (its latency's start)
@@ -151,14 +142,29 @@ class JobRecord:
 _new = object.__new__
 
 
+def job_costs(groups: tuple[TaskGroup, ...]) -> tuple[Cost | None, list[Cost]]:
+    """(the cost every task shares, per-task costs): a one-group job's tasks all cost the same, so
+    it needs no list; a job of several groups has one cost per task, in task order."""
+    if len(groups) == 1:
+        r = groups[0].resources
+        return (r.cpu_milli, r.memory, r.gpu_total_milli), []
+    costs = [
+        (g.resources.cpu_milli, g.resources.memory, g.resources.gpu_total_milli)
+        for g in groups
+        for _ in range(g.replicas)
+    ]
+    return None, costs
+
+
 def queued_records(jobs: list[Job], seq: int, qis: list[int], totals: list[int]) -> list[JobRecord]:
     """JobRecord(job, seq + k, qi, [PENDING] * total, n_pending=total) for the k-th job, its
     `where` QUEUED: the records of jobs just submitted, about to be queued. The slots are
     written here, in one frame for them all, not by a call of __init__ per job (which a
     submission pays for every job); tests/test_dispatcher_submit_cost.py checks they match."""
     out = []
-    last: object = None  # the previous job's groups: alike jobs share the tuple, and its cost
+    last: object = None  # the previous job's groups: alike jobs share the tuple, and its costs
     uniform: Cost | None = None
+    costs: list[Cost] = []
     for job, qi, total in zip(jobs, qis, totals, strict=True):
         rec = _new(JobRecord)
         rec.job = job
@@ -172,21 +178,13 @@ def queued_records(jobs: list[Job], seq: int, qis: list[int], totals: list[int])
         rec.n_pending = total
         rec.n_scheduled = rec.n_held = 0
         groups = job.groups
-        if groups is last and uniform is not None:
-            rec.uniform = uniform
-            rec.costs = []
-        elif len(groups) == 1:
-            r = groups[0].resources
-            rec.uniform = uniform = (r.cpu_milli, r.memory, r.gpu_total_milli)
-            rec.costs = []
+        if groups is not last:
             last = groups
-        else:
-            rec.uniform = None
-            rec.costs = [
-                (g.resources.cpu_milli, g.resources.memory, g.resources.gpu_total_milli)
-                for g in groups
-                for _ in range(g.replicas)
-            ]
+            uniform, costs = job_costs(groups)
+        rec.uniform = uniform
+        # A list of its own where it is the empty one, as __init__ gives; per-task costs are only
+        # read, so the jobs sharing a groups tuple share them.
+        rec.costs = [] if uniform is not None else costs
         rec.where = QUEUED
         rec.dispatches = 0
         rec.dispatch_time = 0.0
