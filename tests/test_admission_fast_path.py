@@ -12,11 +12,12 @@ from gosched.common.errors import SpecError
 from gosched.common.job import Job
 from gosched.common.states import TaskState
 from gosched.dispatcher.dispatcher import Dispatcher
-from gosched.dispatcher.queues import DeadlineQueue, FifoQueue, HeapQueue
+from gosched.dispatcher.queues import DeadlineQueue, FifoQueue
 from gosched.dispatcher.records import QUEUED, JobRecord, queued_records
 from gosched.dispatcher.store import MemoryStore
 from gosched.runtime.simulation import basic_jobs
 from tests.builders import make_job
+from tests.test_dispatcher_queues import drain_ids
 
 PENDING = TaskState.PENDING
 
@@ -49,13 +50,6 @@ class Entry:
         self.job = make_job(job_id).cpu("1").deadline(deadline).build() if deadline else basic_jobs(1)[0]
 
 
-def drained(q: HeapQueue[Entry]) -> list[str]:
-    out = []
-    while (e := q.pop()) is not None:
-        out.append(e.job_id)
-    return out
-
-
 @pytest.mark.parametrize(
     ("before", "batch"),
     [
@@ -81,7 +75,7 @@ def test_push_many_leaves_a_fifo_queue_as_pushes_one_by_one(
     many.push_many(entries)
     assert (len(one), many._token, many._stale) == (len(many), one._token, one._stale)
     assert list(one._run) == list(many._run) or [i[:2] for i in one._run] == [i[:2] for i in many._run]
-    assert drained(one) == drained(many)
+    assert drain_ids(one) == drain_ids(many)
 
 
 def test_push_many_keys_a_deadline_queue_by_its_own_key() -> None:
@@ -91,7 +85,7 @@ def test_push_many_keys_a_deadline_queue_by_its_own_key() -> None:
     for e in entries:
         one.push(e)
     many.push_many(entries)
-    assert drained(one) == drained(many) == ["b", "a", "c"]
+    assert drain_ids(one) == drain_ids(many) == ["b", "a", "c"]
 
 
 def dispatcher(*queues: QueueConfig) -> Dispatcher:
