@@ -46,6 +46,7 @@ class SavedTask:
     killed: str | None = None
     kill_deadline: float = 0.0
     stale: bool = False
+    ends_by: float = 0.0  # when its time limit runs out (unix seconds); 0: none
 
     @staticmethod
     def encode_launch(msg: agent_pb2.LaunchTask) -> str:

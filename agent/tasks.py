@@ -26,6 +26,7 @@ from gosched.agent.executor import ShellExecutor, TaskExit, TaskSpec
 from gosched.agent.logship import TaskLogs
 from gosched.agent.shim import read_status
 from gosched.agent.state import SavedFinal, SavedState, SavedTask
+from gosched.common.spec import format_duration
 from gosched.proto.v1 import agent_pb2, types_pb2
 
 log = logging.getLogger("gosched.agent")
@@ -46,6 +47,7 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 STABLE_RUN_S = 60.0  # a service that ran this long before failing starts its backoff over
 STALE_GRACE_S = 5.0  # the master may already run a stale task elsewhere: do not wait long
+TIME_LIMIT_GRACE_S = 10.0  # SIGTERM to SIGKILL for a task past its time limit (Slurm's KillWait)
 FINISHED_KEPT = 1024  # final statuses (and log files) kept, to resend if the master did not get them
 
 
@@ -116,6 +118,7 @@ class TaskRecord:
     killed: str | None = None  # set when killed on purpose: the message of its final status
     stale: bool = False  # the master does not expect it: killed, never reported
     kill_deadline: float = 0.0  # when a kill's SIGKILL is due (unix seconds: saved for the next agent)
+    ends_by: float = 0.0  # when the launch's time limit runs out (unix seconds, saved); 0: no limit
     final: agent_pb2.TaskStatus | None = None  # it ended; sent once its logs are shipped
     relaunch: agent_pb2.LaunchTask | None = None  # a launch that waits for the stale run to end
     # The waiting launch was killed before it started: the master waits for its end (this
@@ -197,13 +200,23 @@ class TaskTable:
             rec = self.records.get(end.task_id)
             if rec is not None and rec.adopted is None:
                 self._ended(rec, *describe_exit(end, rec.killed, rec.container is not None))
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         for rec in list(self.records.values()):
+            if rec.ends_by and wall >= rec.ends_by and rec.final is None and rec.killed is None:
+                self._time_out(rec)
             if rec.adopted is not None and rec.has_process and rec.adopted.ended():
                 rec.adopted = None
                 self._ended(rec, *self._adopted_exit(rec))
             elif rec.restart_at is not None and now >= rec.restart_at:
                 self._restart(rec)
+
+    def _time_out(self, rec: TaskRecord) -> None:
+        """Stop a task past its time limit, as a kill whose final status says so (a service waiting
+        for its restart fails at once: kill() sees to both)."""
+        if rec.stale:
+            return  # being stopped already, and its end is nobody's to report
+        limit = format_duration(rec.launch.time_limit_s)
+        self.kill(rec.task_id, TIME_LIMIT_GRACE_S, "", f"killed: time limit of {limit} reached")
 
     def finish(self, task_id: str) -> None:
         """The task's final status has been handed to the stream: forget it, but remember the status."""
@@ -318,6 +331,7 @@ class TaskTable:
                     killed=rec.killed,
                     kill_deadline=rec.kill_deadline,
                     stale=rec.stale,
+                    ends_by=rec.ends_by,
                 )
             )
         finished = [
@@ -355,6 +369,7 @@ class TaskTable:
                 killed=s.killed,  # a kill's end is the kill's, never a service's crash to restart
                 stale=s.stale,
                 kill_deadline=s.kill_deadline,
+                ends_by=s.ends_by,  # the limit runs on while no agent watched
             )
             if s.container_name:
                 rec.container = Container(s.container_runtime, s.container_name)
@@ -387,6 +402,8 @@ class TaskTable:
         for path in (out, err):
             path.unlink(missing_ok=True)
         rec = TaskRecord(msg, TaskLogs.of(task_id, out, err))
+        if msg.time_limit_s > 0:  # counted from this launch: a service's restarts do not reset it
+            rec.ends_by = time.time() + msg.time_limit_s
         self.records[task_id] = rec
         self.dirty = True
         why = self._spawn(rec)

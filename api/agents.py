@@ -608,6 +608,7 @@ def _launch(tid: str, snap: JobSnapshot | None, attempt: int) -> agent_pb2.Launc
         attempt=attempt,
         service=snap.job.kind is JobKind.SERVICE,
         image=group.image,
+        time_limit_s=snap.job.time_limit or 0.0,
     )
 
 

@@ -38,7 +38,15 @@ __all__ = [
 
 _QUANTITY_KEYS = ("cpu", "memory", "gpus", "gpu_share", "gpu_memory")
 _INT_RESOURCE_KEYS = ("gpu_milli", "gpu_memory_mib")
-_OPTIONAL_JOB_KEYS = ("priority", "min_member", "preemptible", "deadline", "disruption_budget", "submit_time")
+_OPTIONAL_JOB_KEYS = (
+    "priority",
+    "min_member",
+    "preemptible",
+    "deadline",
+    "disruption_budget",
+    "submit_time",
+    "time_limit",
+)
 
 
 # == enums =========================================================================================

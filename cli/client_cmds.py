@@ -152,6 +152,15 @@ def submit(
     submission_id: Annotated[
         str | None, typer.Option(help="Idempotency key: submitting again returns the first job's id.")
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time-limit",
+            "--time",
+            help="How long each task may run before it is stopped and fails: 90s, 45m, 2h, 1h30m, "
+            "HH:MM:SS or D-HH:MM:SS.",
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end: exit 0 if it succeeded, 1 if not.")
     ] = False,
@@ -191,6 +200,7 @@ def submit(
         priority=priority,
         min_member=min_member,
         submission_id=submission_id,
+        time_limit=time_limit,
     )
     with _client(master, tls_ca, tls_cert, tls_key, token_file, submitting=True) as client:
         spec = build_spec(file, flags, sys.stdin)

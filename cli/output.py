@@ -16,7 +16,7 @@ from gosched.api.client import QueueInfo
 from gosched.api.convert import JobInfo, NodeInfo, TaskInfo
 from gosched.cli import humanize as h
 from gosched.common.resources import GPU_MILLI
-from gosched.common.spec import job_to_spec
+from gosched.common.spec import format_duration, job_to_spec
 from gosched.common.states import TaskState
 
 
@@ -237,6 +237,8 @@ def describe_view(info: JobInfo, explanation: str) -> str:
     ]
     if job.deadline is not None:
         pairs.append(("Deadline", _when(job.deadline)))
+    if job.time_limit is not None:
+        pairs.append(("Time limit", f"{format_duration(job.time_limit)} per task"))
     spec = yaml.safe_dump(job_to_spec(job), sort_keys=False, default_flow_style=None).rstrip("\n")
     indented = "\n".join("  " + line for line in spec.splitlines())
     why = "\n".join("  " + line for line in explanation.splitlines())

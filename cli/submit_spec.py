@@ -39,6 +39,7 @@ JOB_FLAGS = {
     "priority": "--priority",
     "min_member": "--min-member",
     "submission_id": "--submission-id",
+    "time_limit": "--time-limit",
 }
 
 
@@ -62,6 +63,7 @@ class JobFlags:
     priority: int | None = None
     min_member: int | None = None
     submission_id: str | None = None
+    time_limit: str | None = None
 
     def task_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -93,6 +95,7 @@ class JobFlags:
             "priority": self.priority,
             "min_member": self.min_member,
             "submission_id": self.submission_id,
+            "time_limit": self.time_limit,
         }
         return {k: v for k, v in values.items() if v is not None}
 

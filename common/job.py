@@ -164,6 +164,10 @@ class Job:
     disruption_budget: int | None = None
     submit_time: float = 0.0
     submission_id: str = ""
+    # Seconds each task may run, counted from its start on its node (restarts of a service's task
+    # included), as Slurm's --time and Kubernetes' activeDeadlineSeconds; past it the node's agent
+    # stops the task and it fails. None: no limit. Last, so data written before it decodes.
+    time_limit: float | None = None
 
     @property
     def total_replicas(self) -> int:

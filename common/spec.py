@@ -21,6 +21,10 @@ Job spec (every key optional unless marked)::
                                #   and not after 9999-12-31T23:59:59Z
     labels: {team: vision}     # Kubernetes label syntax
     disruption_budget: 2       # int >= 0, or null: no limit
+    time_limit: 1h30m          # how long each task may run from its start (then it is stopped and
+                               #   fails): seconds as a number, or "90s", "45m", "2h", "1d", "1h30m",
+                               #   or Slurm's "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS";
+                               #   at most 365 days; null: no limit
     submit_time: 1735680000.0  # default: `now` (or the current time). Within 60 s of now when now is
                                #   given (clock skew). The dispatcher stamps its own clock when it
                                #   accepts the job: aging reads it, and a backdated time would jump
@@ -85,8 +89,8 @@ Every string must be valid UTF-8 text without NUL characters: strings end up as 
 environment entries and protobuf fields, none of which can hold them.
 
 Types are strict: an integer field takes an int (not a bool, not a string), a flag takes a bool, and
-null is accepted only where the model allows None (deadline, disruption_budget, a toleration's
-effect). Quantities take numbers or quantity strings. Unknown keys are errors.
+null is accepted only where the model allows None (deadline, disruption_budget, time_limit, a
+toleration's effect). Quantities take numbers or quantity strings. Unknown keys are errors.
 """
 
 import difflib
@@ -147,6 +151,7 @@ MAX_CLOCK_SKEW_S = 60.0  # how far ahead of the server's clock a client's submit
 # The last second of 9999-12-31 UTC: later times have no date (datetime's range), so they could not
 # be shown (describe) or written back as ISO-8601.
 MAX_DEADLINE = 253402300799.0
+MAX_TIME_LIMIT = 365 * 86400.0
 
 _MISSING: Any = object()  # "key absent", distinct from an explicit null
 
@@ -188,6 +193,7 @@ _JOB_KEYS = frozenset(
         "disruption_budget",
         "submit_time",
         "submission_id",
+        "time_limit",
     }
 )
 _NODE_KEYS = frozenset({"name", "cpu", "memory", "gpus", "labels", "taints", "extended", "state"})
@@ -787,6 +793,60 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
     return deadline
 
 
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_UNITS = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+# Slurm's --time forms that have a colon or a day: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_CLOCK = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def _time_limit(value: object, path: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        seconds = _duration_text(value.strip(), path)
+    else:
+        seconds = _number(value, path)
+    if seconds <= 0:
+        _fail(path, f"must be more than 0 seconds, got {value!r}")
+    if seconds > MAX_TIME_LIMIT:
+        _fail(path, f"{_short(value)} is over 365 days, the longest time limit")
+    return seconds
+
+
+def _duration_text(text: str, path: str) -> float:
+    units = _UNITS.fullmatch(text)
+    if text and units is not None and any(units.groups()):
+        return sum(float(n) * _UNIT_SECONDS[u] for n, u in zip(units.groups(), "dhms", strict=True) if n)
+    clock = _CLOCK.fullmatch(text)
+    if clock is not None and (":" in text or "-" in text):
+        days, first, second, third = clock.groups()
+        if days is not None:  # D-HH[:MM[:SS]]
+            parts = [int(days) * 24 + int(first), int(second or 0), int(third or 0)]
+        elif third is not None:  # HH:MM:SS
+            parts = [int(first), int(second), int(third)]
+        else:  # MM:SS
+            parts = [0, int(first), int(second)]
+        if parts[1] > 59 or parts[2] > 59:
+            _fail(path, f"{_short(text)}: minutes and seconds go up to 59")
+        return float(parts[0] * 3600 + parts[1] * 60 + parts[2])
+    # A bare number in a string is refused: Slurm reads "90" as minutes, a spec's number is seconds.
+    hint = "a number of seconds, or a string with a unit (90s, 45m, 2h, 1d, 1h30m) or HH:MM:SS"
+    _fail(path, f"{_short(text)} is not a duration: give {hint}")
+
+
+def format_duration(seconds: float) -> str:
+    """A time limit as a spec writes it: "1h30m", "45s", "1d2h"; fractions of a second as "0.5s"."""
+    whole = int(seconds)
+    if whole != seconds or whole == 0:
+        return f"{seconds:g}s"
+    out = []
+    for unit, size in _UNIT_SECONDS.items():
+        count, whole = divmod(whole, size)
+        if count:
+            out.append(f"{count}{unit}")
+    return "".join(out)
+
+
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
@@ -868,6 +928,7 @@ def job_from_spec(
         disruption_budget=None if budget is None else _int(budget, "disruption_budget", lo=0),
         submit_time=submit_time,
         submission_id=submission_id,
+        time_limit=_time_limit(root.get("time_limit"), "time_limit"),
     )
 
 
@@ -963,6 +1024,8 @@ def job_to_spec(job: Job) -> dict[str, Any]:
         spec["disruption_budget"] = job.disruption_budget
     if job.submission_id:
         spec["submission_id"] = job.submission_id
+    if job.time_limit is not None:
+        spec["time_limit"] = job.time_limit  # seconds: exact, as "1h30m" would be for whole ones only
     return spec
 
 

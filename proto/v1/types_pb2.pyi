@@ -185,7 +185,7 @@ class TaskGroup(_message.Message):
     def __init__(self, role: _Optional[str] = ..., replicas: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., affinity: _Optional[_Union[Affinity, _Mapping]] = ..., anti_affinity: _Optional[_Iterable[_Union[AntiAffinity, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., image: _Optional[str] = ..., gpu_topology: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "tenant", "queue", "priority", "min_member", "preemptible", "kind", "deadline", "labels", "disruption_budget", "submit_time", "submission_id", "groups")
+    __slots__ = ("id", "tenant", "queue", "priority", "min_member", "preemptible", "kind", "deadline", "labels", "disruption_budget", "submit_time", "submission_id", "groups", "time_limit")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class JobSpec(_message.Message):
     SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
     SUBMISSION_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant: str
     queue: str
@@ -219,7 +220,8 @@ class JobSpec(_message.Message):
     submit_time: float
     submission_id: str
     groups: _containers.RepeatedCompositeFieldContainer[TaskGroup]
-    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., min_member: _Optional[int] = ..., preemptible: _Optional[bool] = ..., kind: _Optional[str] = ..., deadline: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., disruption_budget: _Optional[int] = ..., submit_time: _Optional[float] = ..., submission_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[TaskGroup, _Mapping]]] = ...) -> None: ...
+    time_limit: float
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., min_member: _Optional[int] = ..., preemptible: _Optional[bool] = ..., kind: _Optional[str] = ..., deadline: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., disruption_budget: _Optional[int] = ..., submit_time: _Optional[float] = ..., submission_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[TaskGroup, _Mapping]]] = ..., time_limit: _Optional[float] = ...) -> None: ...
 
 class GpuAssignment(_message.Message):
     __slots__ = ("index", "milli")
