@@ -46,6 +46,7 @@ _OPTIONAL_JOB_KEYS = (
     "disruption_budget",
     "submit_time",
     "time_limit",
+    "max_retries",
 )
 
 

@@ -161,6 +161,10 @@ def submit(
             "HH:MM:SS or D-HH:MM:SS.",
         ),
     ] = None,
+    max_retries: Annotated[
+        int | None,
+        typer.Option("--max-retries", help="Times each task is run again after it fails (default 0)."),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end: exit 0 if it succeeded, 1 if not.")
     ] = False,
@@ -201,6 +205,7 @@ def submit(
         min_member=min_member,
         submission_id=submission_id,
         time_limit=time_limit,
+        max_retries=max_retries,
     )
     with _client(master, tls_ca, tls_cert, tls_key, token_file, submitting=True) as client:
         spec = build_spec(file, flags, sys.stdin)

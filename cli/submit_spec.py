@@ -40,6 +40,7 @@ JOB_FLAGS = {
     "min_member": "--min-member",
     "submission_id": "--submission-id",
     "time_limit": "--time-limit",
+    "max_retries": "--max-retries",
 }
 
 
@@ -64,6 +65,7 @@ class JobFlags:
     min_member: int | None = None
     submission_id: str | None = None
     time_limit: str | None = None
+    max_retries: int | None = None
 
     def task_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -96,6 +98,7 @@ class JobFlags:
             "min_member": self.min_member,
             "submission_id": self.submission_id,
             "time_limit": self.time_limit,
+            "max_retries": self.max_retries,
         }
         return {k: v for k, v in values.items() if v is not None}
 

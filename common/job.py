@@ -168,6 +168,10 @@ class Job:
     # included), as Slurm's --time and Kubernetes' activeDeadlineSeconds; past it the node's agent
     # stops the task and it fails. None: no limit. Last, so data written before it decodes.
     time_limit: float | None = None
+    # Times each task is run again after it fails (its process exits non-zero, is OOM killed, runs
+    # past time_limit), as Ray's max_retries and Kubernetes' backoffLimitPerIndex; a gang's members
+    # stopped with it are placed again too. 0: a failure is final.
+    max_retries: int = 0
 
     @property
     def total_replicas(self) -> int:

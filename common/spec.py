@@ -25,6 +25,7 @@ Job spec (every key optional unless marked)::
                                #   fails): seconds as a number, or "90s", "45m", "2h", "1d", "1h30m",
                                #   or Slurm's "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS";
                                #   at most 365 days; null: no limit
+    max_retries: 3             # times each task is run again after it fails, 0..1000 (default 0)
     submit_time: 1735680000.0  # default: `now` (or the current time). Within 60 s of now when now is
                                #   given (clock skew). The dispatcher stamps its own clock when it
                                #   accepts the job: aging reads it, and a backdated time would jump
@@ -152,6 +153,7 @@ MAX_CLOCK_SKEW_S = 60.0  # how far ahead of the server's clock a client's submit
 # be shown (describe) or written back as ISO-8601.
 MAX_DEADLINE = 253402300799.0
 MAX_TIME_LIMIT = 365 * 86400.0
+MAX_RETRIES = 1000
 
 _MISSING: Any = object()  # "key absent", distinct from an explicit null
 
@@ -194,6 +196,7 @@ _JOB_KEYS = frozenset(
         "submit_time",
         "submission_id",
         "time_limit",
+        "max_retries",
     }
 )
 _NODE_KEYS = frozenset({"name", "cpu", "memory", "gpus", "labels", "taints", "extended", "state"})
@@ -929,6 +932,7 @@ def job_from_spec(
         submit_time=submit_time,
         submission_id=submission_id,
         time_limit=_time_limit(root.get("time_limit"), "time_limit"),
+        max_retries=_int(root.get("max_retries", 0), "max_retries", 0, MAX_RETRIES),
     )
 
 
@@ -1026,6 +1030,8 @@ def job_to_spec(job: Job) -> dict[str, Any]:
         spec["submission_id"] = job.submission_id
     if job.time_limit is not None:
         spec["time_limit"] = job.time_limit  # seconds: exact, as "1h30m" would be for whole ones only
+    if job.max_retries:
+        spec["max_retries"] = job.max_retries
     return spec
 
 

@@ -33,7 +33,7 @@ from gosched.common.job import Job, split_task_id
 from gosched.common.node import Node
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, JobState, TaskState
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # One row per task, replaced by each report: the agent's count is its run's total so far.
 _RESTARTS_TABLE = """
 CREATE TABLE IF NOT EXISTS task_restarts (
@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS task_restarts (
 _MIGRATIONS = {
     2: "ALTER TABLE tasks ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
     3: _RESTARTS_TABLE,  # _SCHEMA created it already (IF NOT EXISTS): kept as the step's record
+    4: "ALTER TABLE tasks ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
 }
 
 Gpus = tuple[tuple[int, int], ...]
@@ -81,7 +82,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     attempt  INTEGER NOT NULL DEFAULT 0,
     bound_at REAL,
     updated  REAL NOT NULL,
-    reason   TEXT NOT NULL DEFAULT ''
+    reason   TEXT NOT NULL DEFAULT '',
+    failures INTEGER NOT NULL DEFAULT 0  -- failures run again (Job.max_retries), over all attempts
 ) WITHOUT ROWID;
 -- No index on (job_id, idx): it cost a B-tree insert per task submitted. The loads read every
 -- row anyway (load_jobs and load_bound, sorted by SQLite), the rest finds a task by task_id.
@@ -164,6 +166,7 @@ UPDATE tasks SET
 WHERE task_id = ?3 AND {_LEGAL_SQL}
 """
 _SET_REASON = "UPDATE tasks SET reason = ? WHERE task_id = ?"
+_COUNT_FAILURE = "UPDATE tasks SET failures = failures + 1 WHERE task_id = ?"
 _SET_META = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
@@ -588,22 +591,32 @@ class Store:
         *,
         now: float | None = None,
         reasons: Mapping[str, str] | None = None,
+        retried: Sequence[str] = (),
     ) -> None:
         """Task state changes (dispatcher side: scheduled, pending, running, cancelled...), and
-        `reasons` by task id: why a failed task failed, in its agent's words.
+        `reasons` by task id: why a failed task failed, in its agent's words; `retried`: tasks whose
+        failure is run again (Job.max_retries), each counted once more in its row.
 
         Moving to pending (requeue) starts a new attempt and clears node and GPUs; other states keep
         the node the task ran on. A change applies only where the stored state may legally move
         to it (common.states.LEGAL): where the binder's writes moved the row on first, theirs
         stands (see _SET_STATE).
         """
-        if not changes and not reasons:
+        if not changes and not reasons and not retried:
             return
         t = time.time() if now is None else now
         with self._tx() as c:
             c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in changes])
             if reasons:
                 c.executemany(_SET_REASON, [(why, tid) for tid, why in reasons.items()])
+            if retried:
+                c.executemany(_COUNT_FAILURE, [(tid,) for tid in retried])
+
+    def load_retried(self) -> dict[str, int]:
+        """Per task id, how many of its failures were run again (only tasks with one or more)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT task_id, failures FROM tasks WHERE failures > 0").fetchall()
+        return {str(tid): int(n) for tid, n in rows}
 
     def load_failures(self) -> dict[str, str]:
         """Per job, its latest task failure with the reason stored for it: "task 3 failed: exit code 1

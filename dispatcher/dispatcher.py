@@ -40,7 +40,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from operator import attrgetter, is_
 
@@ -85,6 +85,7 @@ from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
 
 PENDING = TaskState.PENDING
+FAILED = TaskState.FAILED
 SCHEDULED = TaskState.SCHEDULED
 BOUND = TaskState.BOUND
 RUNNING = TaskState.RUNNING
@@ -165,6 +166,8 @@ class Dispatcher:
         self._waiting = 0  # jobs queued, backing off or dormant
         self._inflight = 0  # units in flight
         self.skipped_on_restore: list[str] = []  # stored jobs of queues no longer configured
+        # Per task of an active job with max_retries: its failures run again so far (in the store).
+        self._retried: dict[str, int] = {}
         # Per unit bound, when a caller keeps them (set a list): (dispatch time, submission time,
         # binding time, tasks bound), for the scheduling latencies; the caller drains it.
         self.timings: list[tuple[float, float, float, int]] | None = None
@@ -982,11 +985,17 @@ class Dispatcher:
         return 0 <= shard < len(self._shard_refused) and any(self._shard_refused[shard])
 
     def on_released(
-        self, task_ids: Iterable[str], final_state: TaskState, reasons: Mapping[str, str] | None = None
+        self,
+        task_ids: Iterable[str],
+        final_state: TaskState,
+        reasons: Mapping[str, str] | None = None,
+        *,
+        again: Collection[str] = (),
     ) -> None:
         """Tasks that stopped holding resources: finished (succeeded, failed, cancelled), or back to
         pending (PENDING: node lost; PREEMPTED: evicted) and then queued again. `reasons`: why a
-        failed task failed (its agent's words), kept as the job's note for explain."""
+        failed task failed (its agent's words), kept as the job's note for explain. `again`: the
+        pending ones that failed and run again (on_retried): their failure is their note."""
         updates: Updates = []
         told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
         freed = False
@@ -1009,9 +1018,10 @@ class Dispatcher:
                     continue
                 then = CANCELLED if rec.cancelled else PENDING
                 steps = [(index, PREEMPTED), (index, then)] if final_state is PREEMPTED else [(index, then)]
-                rec.disruption = f"task {index} " + (
-                    "evicted" if final_state is PREEMPTED else "lost its node"
-                )
+                if tid not in again:
+                    rec.disruption = f"task {index} " + (
+                        "evicted" if final_state is PREEMPTED else "lost its node"
+                    )
                 self._apply(rec, steps, updates)
                 self._requeue_if_idle(rec)
             else:
@@ -1021,7 +1031,11 @@ class Dispatcher:
                 if reasons and tid in reasons:
                     if final_state is TaskState.FAILED:
                         told[tid] = reasons[tid]
-                    rec.failure = with_failure(rec.failure, failure_line(index, final_state, reasons[tid]))
+                    line = failure_line(index, final_state, reasons[tid])
+                    used = self._retried.get(tid, 0) if final_state is FAILED else 0
+                    if used and used >= rec.job.max_retries:
+                        line += f"; no retry left (of {used})"
+                    rec.failure = with_failure(rec.failure, line)
                 if rec.where is INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)
@@ -1029,6 +1043,48 @@ class Dispatcher:
             self.notify_cluster_changed()
         if self.store is not None and (updates or told):
             self.store.set_task_states(updates, reasons=told)
+
+    def retryable(self, task_ids: Iterable[str]) -> list[str]:
+        """Of these failed tasks, those their job runs again (Job.max_retries not used up, the job not
+        cancelled, the task still holding its room): the caller takes them from their nodes as lost
+        (a gang below its min_member with them) and calls on_retried. Changes nothing."""
+        out = []
+        for tid in task_ids:
+            job_id, index = split_task_id(tid)
+            rec = self._jobs.get(job_id)
+            if rec is None or not rec.job.max_retries or rec.cancelled:
+                continue
+            if rec.states[index] in HOLDS_RESOURCES and self._retried.get(tid, 0) < rec.job.max_retries:
+                out.append(tid)
+        return out
+
+    def on_retried(
+        self, retried: Sequence[str], released: Sequence[str], reasons: Mapping[str, str] | None = None
+    ) -> None:
+        """`retried` (from retryable) failed and are queued to run again; `released`: every task the
+        binder took off its node for them, gang members included. explain tells each failure, with
+        the retries it leaves."""
+        gone = set(released)
+        counted = [tid for tid in retried if tid in gone]  # the binder held them: none ended otherwise
+        told: dict[str, str] = {}
+        for tid in counted:
+            job_id, index = split_task_id(tid)
+            rec = self._jobs[job_id]
+            used = self._retried[tid] = self._retried.get(tid, 0) + 1
+            why = (reasons or {}).get(tid, "")
+            if why:
+                told[tid] = why
+            line = failure_line(index, FAILED, why or "no reason given")
+            again = f"{line}; run again (retry {used} of {rec.job.max_retries})"
+            rec.failure = with_failure(rec.failure, again)
+        for tid in gone.difference(counted):  # a gang's members stopped with a failed one
+            job_id, index = split_task_id(tid)
+            mate = self._jobs.get(job_id)
+            if mate is not None:
+                mate.disruption = f"task {index} stopped: a task of its gang failed and runs again"
+        self.on_released(released, PENDING, again=gone)
+        if self.store is not None and counted:
+            self.store.set_task_states([], reasons=told, retried=counted)
 
     def on_started(self, task_ids: Iterable[str]) -> list[str]:
         """Tasks whose process started on their node: bound -> running. Tasks in any other state
@@ -1227,6 +1283,9 @@ class Dispatcher:
             return
         del self._jobs[rec.job_id]
         self._reservations.forget(rec.job_id)
+        if rec.job.max_retries and self._retried:
+            for tid in rec.job.task_ids():
+                self._retried.pop(tid, None)
         left = self._tenant_jobs[rec.tenant] - 1
         if left:
             self._tenant_jobs[rec.tenant] = left
@@ -1322,6 +1381,7 @@ class Dispatcher:
         # deadlines) read it from the job, not from this order.
         loaded = self.store.load_jobs()
         failures = self.store.load_failures()  # what explain said of a task failure, before
+        retried = self.store.load_retried()
         updates: Updates = []
         restored = 0
         skipped_queues: set[str] = set()
@@ -1354,6 +1414,10 @@ class Dispatcher:
             rec.cancelled = CANCELLED in states
             rec.failure = failures.get(job.id, "")
             self._jobs[job.id] = rec
+            if job.max_retries:
+                for tid in job.task_ids():
+                    if tid in retried:
+                        self._retried[tid] = retried[tid]
             self._tenant_jobs[rec.tenant] = self._tenant_jobs.get(rec.tenant, 0) + 1
             if job.submission_id:
                 self._submissions[job.submission_id] = job.id

@@ -27,16 +27,23 @@ class JobStore(Protocol):
         """The stored job of this id, if any."""
 
     def set_task_states(
-        self, updates: Sequence[tuple[str, TaskState]], *, reasons: Mapping[str, str] | None = None
+        self,
+        updates: Sequence[tuple[str, TaskState]],
+        *,
+        reasons: Mapping[str, str] | None = None,
+        retried: Sequence[str] = (),
     ) -> object:
-        """Persist task states, keyed by task id ("job/index"), and why failed tasks failed
-        (`reasons`, in their agents' words)."""
+        """Persist task states, keyed by task id ("job/index"), why failed tasks failed
+        (`reasons`, in their agents' words), and the failed tasks run again (`retried`, counted)."""
 
     def load_jobs(self) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
         """Every stored job with its tasks, in submission order."""
 
     def load_failures(self) -> Mapping[str, str]:
         """Per job id, its latest task failure: "task 3 failed: <reason>"."""
+
+    def load_retried(self) -> Mapping[str, int]:
+        """Per task id, how many of its failures were run again (tasks with none left out)."""
 
 
 class MemoryStore:
@@ -47,6 +54,7 @@ class MemoryStore:
         self.states: dict[str, list[TaskState]] = {}
         self.submissions: dict[str, str] = {}
         self.failures: dict[str, str] = {}
+        self.retried: dict[str, int] = {}
         self.calls: dict[str, int] = {"add_jobs": 0, "set_task_states": 0}
 
     def add_jobs(self, jobs: Sequence[Job]) -> None:
@@ -67,9 +75,15 @@ class MemoryStore:
         return self.jobs.get(job_id)
 
     def set_task_states(
-        self, updates: Sequence[tuple[str, TaskState]], *, reasons: Mapping[str, str] | None = None
+        self,
+        updates: Sequence[tuple[str, TaskState]],
+        *,
+        reasons: Mapping[str, str] | None = None,
+        retried: Sequence[str] = (),
     ) -> None:
         self.calls["set_task_states"] += 1
+        for tid in retried:
+            self.retried[tid] = self.retried.get(tid, 0) + 1
         for tid, state in updates:
             job_id, index = split_task_id(tid)
             self.states[job_id][index] = state
@@ -79,6 +93,9 @@ class MemoryStore:
 
     def load_failures(self) -> dict[str, str]:
         return dict(self.failures)
+
+    def load_retried(self) -> dict[str, int]:
+        return dict(self.retried)
 
     def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
         return [

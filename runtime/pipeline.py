@@ -115,7 +115,13 @@ class Pipeline:
     ) -> None:
         """Tasks that ended on their node: free their resources and record the end (and, for a
         failure, why: `reasons` by task id). Only the tasks the binder still held end so: one
-        evicted meanwhile ends as its eviction says (the binder's report), whatever its run said."""
+        evicted meanwhile ends as its eviction says (the binder's report), whatever its run said.
+        A failed task its job runs again (Job.max_retries) leaves its node as a lost one does."""
+        if final is TaskState.FAILED:
+            again = self.dispatcher.retryable(task_ids)
+            if again:
+                self.dispatcher.on_retried(again, self.binder.lose(again), reasons)
+                task_ids = [t for t in task_ids if t not in set(again)]
         released = self.binder.release(task_ids, final.value)
         self.dispatcher.on_released(released, final, reasons)
         self.sync_shards()  # see the room now: a verdict on the old view would be trusted

@@ -342,6 +342,14 @@ class DispatcherCore:
     ) -> None:
         self.dispatcher.on_released(task_ids, TaskState(final_state), reasons)
 
+    def retryable(self, task_ids: Sequence[str]) -> list[str]:
+        return self.dispatcher.retryable(task_ids)
+
+    def on_retried(
+        self, retried: Sequence[str], released: Sequence[str], reasons: Mapping[str, str] | None = None
+    ) -> None:
+        self.dispatcher.on_retried(retried, released, reasons)
+
     def notify_cluster_changed(self) -> None:
         self.dispatcher.notify_cluster_changed()
 

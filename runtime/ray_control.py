@@ -428,7 +428,14 @@ class RayControl:
         self, task_ids: Sequence[str], final: TaskState, reasons: Mapping[str, str] | None = None
     ) -> None:
         # Only the tasks the binder still held: one a batch evicted meanwhile ends as the eviction
-        # (the binder's report) says, whatever its run said.
+        # (the binder's report) says, whatever its run said. A failed task its job runs again
+        # (Job.max_retries) leaves its node as a lost one does.
+        if final is TaskState.FAILED:
+            again: list[str] = ray.get(self.rs.dispatcher.retryable.remote(list(task_ids)))
+            if again:
+                gone: list[str] = ray.get(self.rs.binder.lose.remote(again))
+                ray.get(self.rs.dispatcher.on_retried.remote(again, gone, dict(reasons or {})))
+                task_ids = [t for t in task_ids if t not in set(again)]
         released: list[str] = ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
         ray.get(self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {})))
         self._resync_shards()

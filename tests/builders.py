@@ -142,6 +142,14 @@ class JobBuilder:
         self._job["submit_time"] = t
         return self
 
+    def time_limit(self, seconds: float) -> Self:
+        self._job["time_limit"] = seconds
+        return self
+
+    def max_retries(self, n: int) -> Self:
+        self._job["max_retries"] = n
+        return self
+
     def build(self) -> Job:
         groups = (*self._groups, self._group)
         return Job(id=self._id, groups=groups, **self._job)  # type: ignore[arg-type]

@@ -70,6 +70,7 @@ def jobs(draw: st.DrawFn, prefix: str) -> list[Job]:
                 groups=(TaskGroup("main", replicas, req, ("true",)),),
                 min_member=draw(st.integers(1, replicas)),
                 priority=draw(st.integers(0, 3)) * 50,
+                max_retries=draw(st.integers(0, 2)),
             )
         )
     return out
@@ -195,6 +196,18 @@ def test_pipeline_invariants(
         for tid in done:
             job_id, idx = tid.rsplit("/", 1)
             assert p.dispatcher.task_states(job_id)[int(idx)] == TaskState.SUCCEEDED
+        # some fail: those with retries run again (their gangs whole), the others end failed
+        failing = [tid for job in second for tid in job.task_ids() if tid in p.binder.state.task_row][:2]
+        p.complete(failing, TaskState.FAILED, {tid: "exit code 1" for tid in failing})
+        p.run_until_idle(max_rounds=200)
+        assert_not_overcommitted(p.binder.state)
+        assert_gangs_whole(p, all_jobs)
+        assert_one_state_each(p, all_jobs)
+        retries = {job.id: job.max_retries for job in all_jobs}
+        for tid in failing:
+            job_id, idx = tid.rsplit("/", 1)
+            failed = p.dispatcher.task_states(job_id)[int(idx)] == TaskState.FAILED
+            assert failed == (retries[job_id] == 0), (tid, p.dispatcher.task_states(job_id))
         # a restarted binder (and dispatcher) sees exactly the same cluster and jobs, and goes on
         q = assert_restart_sees_the_same(p, db, shards, all_jobs)
         q.run_until_idle(max_rounds=200)

@@ -91,9 +91,10 @@ def test_the_time_limit_travels_through_protobuf_and_the_store_codec() -> None:
     assert job_from_proto(job_to_proto_spec(job)) == job
     assert codec.decode_job(codec.encode_job(job)) == job
     assert codec.decode_job(codec.encode_many([job])[0]) == job
-    # A job stored before the field existed has one item fewer: it decodes with no limit.
-    older = msgpack.packb(msgpack.unpackb(codec.encode_job(job))[:-1])
-    assert codec.decode_job(older).time_limit is None
+    # A job stored before the field (and max_retries after it) existed lacks their items: it
+    # decodes with no limit and no retries.
+    older = codec.decode_job(msgpack.packb(msgpack.unpackb(codec.encode_job(job))[:-2]))
+    assert (older.time_limit, older.max_retries) == (None, 0)
     assert job_from_proto(job_to_proto_spec(job_from_spec(_job(None)))).time_limit is None
 
 

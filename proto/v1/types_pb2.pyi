@@ -185,7 +185,7 @@ class TaskGroup(_message.Message):
     def __init__(self, role: _Optional[str] = ..., replicas: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., gpu_models: _Optional[_Iterable[str]] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., affinity: _Optional[_Union[Affinity, _Mapping]] = ..., anti_affinity: _Optional[_Iterable[_Union[AntiAffinity, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., image: _Optional[str] = ..., gpu_topology: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "tenant", "queue", "priority", "min_member", "preemptible", "kind", "deadline", "labels", "disruption_budget", "submit_time", "submission_id", "groups", "time_limit")
+    __slots__ = ("id", "tenant", "queue", "priority", "min_member", "preemptible", "kind", "deadline", "labels", "disruption_budget", "submit_time", "submission_id", "groups", "time_limit", "max_retries")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +207,7 @@ class JobSpec(_message.Message):
     SUBMISSION_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant: str
     queue: str
@@ -221,7 +222,8 @@ class JobSpec(_message.Message):
     submission_id: str
     groups: _containers.RepeatedCompositeFieldContainer[TaskGroup]
     time_limit: float
-    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., min_member: _Optional[int] = ..., preemptible: _Optional[bool] = ..., kind: _Optional[str] = ..., deadline: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., disruption_budget: _Optional[int] = ..., submit_time: _Optional[float] = ..., submission_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[TaskGroup, _Mapping]]] = ..., time_limit: _Optional[float] = ...) -> None: ...
+    max_retries: int
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., min_member: _Optional[int] = ..., preemptible: _Optional[bool] = ..., kind: _Optional[str] = ..., deadline: _Optional[float] = ..., labels: _Optional[_Mapping[str, str]] = ..., disruption_budget: _Optional[int] = ..., submit_time: _Optional[float] = ..., submission_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[TaskGroup, _Mapping]]] = ..., time_limit: _Optional[float] = ..., max_retries: _Optional[int] = ...) -> None: ...
 
 class GpuAssignment(_message.Message):
     __slots__ = ("index", "milli")
