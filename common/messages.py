@@ -6,6 +6,8 @@ actors the batch messages (UnitBatch, ProposalBatch, BindReply, ChangeList) pick
 columns (fast_pickle.rows_of); the others reduce one by one (fast_pickle).
 """
 
+import io
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from itertools import accumulate, repeat, starmap
@@ -236,19 +238,21 @@ def _folded(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]]:
     return list(map(_fold, zip(*rows, strict=True))) if rows else [()] * width
 
 
-def _unfold(column: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+def unfold(column: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+    """A column of a ProposalColumns as `n` entries."""
     return column * n if len(column) == 1 else column
 
 
 def _rows(columns: list[tuple[Any, ...]], n: int) -> list[tuple[Any, ...]]:
-    return list(zip(*(_unfold(c, n) for c in columns), strict=True))
+    return list(zip(*(unfold(c, n) for c in columns), strict=True))
 
 
 class ProposalColumns:
     """A ProposalBatch as it travels (ProposalBatch.__reduce__): `n` proposals whose jobs'
     fields, placements' fields (all the batch's placements, `counts` per proposal, or one each
     where None) and other fields (Proposal's fields after job and placements) come as columns in
-    field order, a column of one entry standing for that entry in every row."""
+    field order, a column of one entry standing for that entry in every row. The binder reads the
+    usual batch from the columns, making none of its objects (unpack_proposals)."""
 
     __slots__ = ("counts", "jobs", "n", "placements", "rest", "seen_version", "shard_id", "unschedulable")
 
@@ -284,13 +288,29 @@ class ProposalColumns:
         else:
             ends = list(accumulate(counts))
             lists = [placements[end - count : end] for count, end in zip(counts, ends, strict=True)]
-        rest = (_unfold(c, n) for c in self.rest)
+        rest = (unfold(c, n) for c in self.rest)
         proposals = list(map(Proposal, jobs, lists, *rest))
         return ProposalBatch(self.shard_id, self.seen_version, proposals, self.unschedulable)
 
 
 def _proposal_batch(*columns: Any) -> ProposalBatch:
     return ProposalColumns(*columns).batch()
+
+
+class _ColumnsUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name == "_proposal_batch" and module == __name__:
+            return ProposalColumns  # called with _proposal_batch's arguments: its columns kept
+        return super().find_class(module, name)
+
+
+def unpack_proposals(data: bytes) -> ProposalColumns | ProposalBatch:
+    """wire.unpack of a packed ProposalBatch, its columns left as they came (ProposalColumns;
+    .batch() makes the objects), or the batch itself where it was packed object by object."""
+    got = _ColumnsUnpickler(io.BytesIO(data)).load()
+    if not isinstance(got, ProposalColumns | ProposalBatch):
+        raise TypeError(f"not a packed ProposalBatch: {type(got).__name__}")
+    return got
 
 
 # -- binder -> shards and dispatcher --------------------------------------------------------------
