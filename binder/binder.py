@@ -361,7 +361,15 @@ class Binder:
             self._commit_mixed(proposals, clean, seen, now, writes, reply, changes)
         self.last_bound = as_rows
         if changes:
-            self._persist(changes, writes, now, proposals)
+            bound, states = writes.split()
+            version = self.version + len(changes)
+            if self.writer is not None:
+                writer = self.writer  # every job is stored at its submission: the writer needs no jobs
+                self._guarded(lambda: writer.write(version, bound, states, now))
+            else:
+                jobs = {p.job.id: p.job for p in proposals}
+                self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
+            self._publish(changes)
         if with_changes:
             reply.changes, reply.version, reply.resync = self.changes_since(batch.seen_version)
         else:
@@ -374,36 +382,24 @@ class Binder:
         changed nothing, for any other batch (or without a writer: the store is then given the
         jobs), which the caller commits as objects."""
         self._usable()
-        if not self.vectorised or self.writer is None:
+        writer = self.writer
+        if not self.vectorised or writer is None:
             return None
         usual = usual_batch(self.truth, batch)
         if usual is None:
             return None
         now = self.clock()
-        writes = _Writes()
         changes: list[Change] = []
-        self.last_bound = self._bind_usual(usual, now, writes, changes)
-        self._persist(changes, writes, now, ())
+        self.last_bound = self._bind_usual(usual, now, changes)
+        version = self.version + len(changes)
+        self._guarded(lambda: writer.write_plain(version, usual.task_ids, usual.nodes, now))
+        self._publish(changes)
         return BindReply([], [], [], [], self.version, shard_id=batch.shard_id)
 
-    def _persist(
-        self, changes: list[Change], writes: _Writes, now: float, proposals: Sequence[Proposal]
-    ) -> None:
-        """Hand a commit's writes to the writer (or the store, with the proposals' jobs) and publish
-        its changes."""
-        bound, states = writes.split()
-        version = self.version + len(changes)
-        if self.writer is not None:
-            writer = self.writer  # every job is stored at its submission: the writer needs no jobs
-            self._guarded(lambda: writer.write(version, bound, states, now))
-        else:
-            jobs = {p.job.id: p.job for p in proposals}
-            self._guarded(lambda: self.store.commit(version, bound, states, now=now, jobs=jobs))
-        self._publish(changes)
-
-    def _bind_usual(self, usual: UsualBatch, now: float, writes: _Writes, changes: list[Change]) -> BoundRows:
+    def _bind_usual(self, usual: UsualBatch, now: float, changes: list[Change]) -> BoundRows:
         """Bind the usual batch as _bind_clean binds a batch clean throughout: the same records,
-        rows and verdict rows, the job's fields read once for all."""
+        rows and verdict rows, the job's fields read once for all (its writes go as columns:
+        StoreWriter.write_plain)."""
         group = usual.group
         req = group.resources
         cpu = req.cpu_milli
@@ -452,7 +448,6 @@ class Binder:
                 (tid, jid, cpu, memory, gpus, extended, priority, preemptible, queue, tenant,
                  now, labels, role, min_member, budget, (), standing)
             )  # fmt: skip
-        writes.clean_binds.extend(zip(task_ids, nodes, repeat(gpus)))
         # The verdicts: one task index each, every tuple a new one (the memo packs shared ones once).
         accepted = list(zip(usual.job_ids, usual.attempts, zip(usual.task_indexes), repeat(now), repeat(())))
         bound = BoundRows(self.version, list(nodes), b_rows, accepted)
