@@ -26,13 +26,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from gosched.binder.changelog import DEFAULT_MAX_ENTRIES, ChangeLog
-from gosched.binder.fastpath import NO_CLEAN, CleanSet, find_clean
+from gosched.binder.fastpath import NO_CLEAN, CleanSet, UsualBatch, find_clean, usual_batch
 from gosched.binder.stages import (
     ACROSS_NODES,
     DEFAULT_STAGES,
@@ -56,6 +57,7 @@ from gosched.common.messages import (
     NodeUpserted,
     Proposal,
     ProposalBatch,
+    ProposalColumns,
     RejectedUnit,
     TaskBound,
     TaskReleased,
@@ -373,6 +375,85 @@ class Binder:
         else:
             reply.version = self.version
         return reply
+
+    def commit_columns(self, batch: ProposalColumns) -> BindReply | None:
+        """commit(batch.batch(), with_changes=False, rows_only=True) for the usual batch (see
+        fastpath.UsualBatch), read from its columns without making its objects; None, having
+        changed nothing, for any other batch (or without a writer: the store is then given the
+        jobs), which the caller commits as objects."""
+        self._usable()
+        writer = self.writer
+        if not self.vectorised or writer is None:
+            return None
+        usual = usual_batch(self.truth, batch)
+        if usual is None:
+            return None
+        now = self.clock()
+        changes: list[Change] = []
+        self.last_bound = self._bind_usual(usual, now, changes)
+        version = self.version + len(changes)
+        self._guarded(lambda: writer.write_plain(version, usual.task_ids, usual.nodes, now))
+        self._publish(changes)
+        return BindReply([], [], [], [], self.version, shard_id=batch.shard_id)
+
+    def _bind_usual(self, usual: UsualBatch, now: float, changes: list[Change]) -> BoundRows:
+        """Bind the usual batch as _bind_clean binds a batch clean throughout: the same records,
+        rows and verdict rows, the job's fields read once for all (its writes go as columns:
+        StoreWriter.write_plain)."""
+        group = usual.group
+        req = group.resources
+        cpu = req.cpu_milli
+        memory = req.memory
+        extended = req.extended
+        role = group.role
+        tenant, queue, priority, min_member, preemptible, labels, budget = usual.job
+        standing = usual.standing
+        gpus = ()  # no placement of the usual batch names GPUs
+        task_ids = usual.task_ids
+        nodes = usual.nodes
+        b_rows: list[tuple[Any, ...]] = []
+        residents: list[Resident] = []
+        job_tasks = self.truth.job_tasks
+        new = object.__new__
+        for tid, jid, node in zip(task_ids, usual.job_ids, nodes, strict=True):
+            r = new(Resident)  # its slots written here, as _bind_clean does
+            r.task_id = tid
+            r.job_id = jid
+            r.cpu_milli = cpu
+            r.memory = memory
+            r.gpus = gpus
+            r.extended = extended
+            r.priority = priority
+            r.preemptible = preemptible
+            r.queue = queue
+            r.tenant = tenant
+            r.start_time = now
+            r.job_labels = labels
+            r.role = role
+            r.min_member = min_member
+            r.disruption_budget = budget
+            r.repels = ()
+            r.standing = standing
+            residents.append(r)
+            held = job_tasks.get(jid)
+            if held is None:
+                job_tasks[jid] = {tid}
+            else:
+                held.add(tid)
+            change = new(TaskBound)
+            change.node = node
+            change.resident = r
+            changes.append(change)
+            b_rows.append(
+                (tid, jid, cpu, memory, gpus, extended, priority, preemptible, queue, tenant,
+                 now, labels, role, min_member, budget, (), standing)
+            )  # fmt: skip
+        # The verdicts: one task index each, every tuple a new one (the memo packs shared ones once).
+        accepted = list(zip(usual.job_ids, usual.attempts, zip(usual.task_indexes), repeat(now), repeat(())))
+        bound = BoundRows(self.version, list(nodes), b_rows, accepted)
+        offers = priority if preemptible else NO_VICTIM
+        self.truth.place_clean(usual.rows, residents, usual.plain, offers, usual.row_array)
+        return bound
 
     def _commit_mixed(
         self,

@@ -28,15 +28,18 @@ one else names, and evict nothing.
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import repeat
+from operator import add, itemgetter
+from typing import Any
 
 import numpy as np
 
 from gosched.binder.stages import gpu_shape_error, request_error
 from gosched.binder.state import BinderState
 from gosched.common.cluster_state import I64, MAX_GPUS, ClusterArrays, PlainUsage
-from gosched.common.job import TaskGroup, split_task_id
-from gosched.common.messages import Proposal
+from gosched.common.job import Job, TaskGroup, split_task_id
+from gosched.common.messages import Placement, Proposal, ProposalColumns, unfold
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 
 
@@ -290,3 +293,112 @@ class _Extra:
 
 def _repelled(labels: set[tuple[str, str]], repelled: list[frozenset[tuple[str, str]]]) -> bool:
     return any(wanted <= labels for wanted in repelled)
+
+
+# -- the usual batch, read from its columns ----------------------------------------------------------
+@dataclass(slots=True)
+class UsualBatch:
+    """A batch of ProposalColumns that find_clean would find clean throughout, each proposal with
+    one placement and every job of one shape (the fields its residents copy, one object each):
+    what binding it needs, read from the columns."""
+
+    job_ids: tuple[str, ...]  # per proposal (and placement), likewise the columns below
+    task_ids: list[str]
+    nodes: tuple[str, ...]
+    task_indexes: tuple[int, ...]
+    attempts: tuple[int, ...]
+    rows: list[int]
+    row_array: I64
+    plain: PlainUsage
+    group: TaskGroup  # every job's one group
+    # Every job's tenant, queue, priority, min_member, preemptible, labels and disruption budget.
+    job: tuple[str, str, int, int, bool, tuple[tuple[str, str], ...], int | None]
+    standing: int | None
+
+
+def _columns(cls: type, *names: str, after: int = 0) -> Any:
+    """A getter of the columns of `names` (fields of `cls`, its first `after` left out) from a
+    ProposalColumns' columns of `cls`, in that order."""
+    at = [f.name for f in fields(cls)][after:]
+    return itemgetter(*(at.index(name) for name in names))
+
+
+_JOB_KEYS = _columns(Job, "id", "groups")
+# What a resident copies from its job, in the order UsualBatch.job keeps it.
+_JOB_SHAPE = _columns(
+    Job, "tenant", "queue", "priority", "min_member", "preemptible", "labels", "disruption_budget"
+)
+_PLACEMENT = _columns(Placement, "task_index", "node", "gpus", "victims")
+# ProposalColumns.rest: Proposal's fields after job and placements.
+_REST = _columns(Proposal, "min_needed", "attempt", "held", "floors", "standing", after=2)
+
+
+def usual_batch(state: BinderState, cols: ProposalColumns) -> UsualBatch | None:
+    """The usual batch (see UsualBatch) of a batch planned on the binder's view at
+    cols.seen_version, or None where it is anything else, the object path to judge it: the same
+    conditions as find_clean's, each read once for the batch."""
+    n = cols.n
+    if not n or cols.counts is not None:
+        return None
+    ids, groups = _JOB_KEYS(cols.jobs)
+    shape = _JOB_SHAPE(cols.jobs)
+    tenant, queue, priority, min_member, preemptible, labels, budget = shape
+    indexes, nodes, gpus, victims = _PLACEMENT(cols.placements)
+    min_needed, attempts, held, floors, standing = _REST(cols.rest)
+    # One object each throughout (one column entry): what every resident copies, and no victims,
+    # no GPU pairs, no tasks already held (gang_need is then min_needed), at most one task needed.
+    if any(len(c) != 1 for c in (groups, *shape, gpus, victims, min_needed, held, floors, standing)):
+        return None
+    if victims[0] != () or gpus[0] != () or held[0] != 0 or not min_needed[0] <= 1:
+        return None
+    if len(groups[0]) != 1:
+        return None
+    group = groups[0][0]
+    req = group.resources
+    if group.anti_affinity or request_error(req) is not None or req.extended or req.gpus or req.gpu_milli:
+        return None
+    a = state.arrays
+    if a.repellers and _repelled(set(labels[0]), [frozenset(r.match_labels) for r in a.repellers]):
+        return None
+    job_ids = unfold(ids, n)
+    if state.cancelled and not state.cancelled.keys().isdisjoint(job_ids):
+        return None
+    task_indexes = unfold(indexes, n)
+    if any(type(i) is not int for i in indexes) or min(indexes) < 0 or max(indexes) >= group.replicas:
+        return None
+    if len(indexes) == 1 and indexes[0] < _SLASH_INDEXES:  # the usual: every job's first task
+        task_ids = list(map(add, job_ids, repeat(_SLASH_INDEX[indexes[0]])))
+    else:
+        task_ids = [f"{jid}/{idx}" for jid, idx in zip(job_ids, task_indexes, strict=True)]
+    if len(set(task_ids)) != n or not a.task_row.keys().isdisjoint(task_ids):
+        return None  # a task proposed twice, or bound already
+    row_of = a.row_of
+    try:
+        rows = [row_of[nodes[0]]] * n if len(nodes) == 1 else list(map(row_of.__getitem__, nodes))
+    except KeyError:
+        return None
+    # No hot node: each touched node takes the whole batch's demand on it.
+    row_array = np.array(rows, np.int64)
+    touched, count = np.unique(row_array, return_counts=True)
+    hot = (
+        ~a.schedulable[touched]
+        | (state.rules_version[touched] > cols.seen_version)
+        | (a.cpu_used[touched] + count * req.cpu_milli > a.cpu_cap[touched])
+        | (a.mem_used[touched] + count * req.memory > a.mem_cap[touched])
+    )
+    if hot.any():
+        return None
+    plain = PlainUsage(task_ids, np.full(n, req.cpu_milli, np.int64), np.full(n, req.memory, np.int64))
+    return UsualBatch(
+        job_ids,
+        task_ids,
+        unfold(nodes, n),
+        task_indexes,
+        unfold(attempts, n),
+        rows,
+        row_array,
+        plain,
+        group,
+        (tenant[0], queue[0], priority[0], min_member[0], preemptible[0], labels[0], budget[0]),
+        standing[0],
+    )

@@ -4,6 +4,7 @@ the next plan while the last one commits.
 
     writer = StoreWriter(store_path, on_failure=...)   # waits until a previous writer is done
     writer.write(version, bound, states, now)          # queued; durable later, in order
+    writer.write_plain(version, task_ids, nodes, now)   # the same for bindings holding no GPUs
     writer.after_durable(callback)                      # runs once all written so far is durable
     writer.drain()                                      # returns once all written so far is durable
     writer.close()
@@ -124,6 +125,11 @@ class StoreWriter:
         """Queue one batch (bindings, other task states, the version after it) for the store."""
         self._send(version, bound, [(tid, s.value) for tid, s in states], now, None)
 
+    def write_plain(self, version: int, task_ids: Sequence[str], nodes: Sequence[str], now: float) -> None:
+        """write() of bindings none of which holds GPUs, and no other state change, as two columns:
+        packed in a third of the time of rows (the binder's usual batch has them as columns)."""
+        self._send(version, task_ids, (), now, None, nodes)
+
     def after_durable(self, callback: Callable[[], object]) -> None:
         """Run `callback` (on the ack thread) once everything written so far is durable, after the
         callbacks given before it."""
@@ -161,14 +167,19 @@ class StoreWriter:
     def _send(
         self,
         version: int | None,
-        bound: Sequence[tuple[str, str, Gpus]],
+        bound: Sequence[tuple[str, str, Gpus]] | Sequence[str],
         states: Sequence[tuple[str, str]],
         now: float,
         callback: Callable[[], object] | None,
+        nodes: Sequence[str] | None = None,
     ) -> None:
         # Packed before the seq is taken: a batch that cannot be packed leaves no gap in the seqs.
-        # (Only the binder's thread sends, so the next seq cannot change meanwhile.)
-        data = msgpack.packb([self._sent + 1, version, now, bound, states])
+        # (Only the binder's thread sends, so the next seq cannot change meanwhile.) A frame of
+        # write_plain's carries the task ids as `bound` and their nodes after the states.
+        frame = [self._sent + 1, version, now, bound, states]
+        if nodes is not None:
+            frame.append(nodes)
+        data = msgpack.packb(frame)
         with self._cond:
             self._check()
             self._sent += 1

@@ -4,9 +4,10 @@
 It takes the binder's batches from stdin and writes them to the store, in order, so that SQLite's
 work runs on another core than the binder's checks (binder/writer.py is the binder's side).
 
-    stdin:  msgpack stream of frames [seq, version, now, bound, states]
+    stdin:  msgpack stream of frames [seq, version, now, bound, states] or [..., states, nodes]
             bound: [[task id, node, [[gpu, milli], ...]], ...]; states: [[task id, state], ...];
-            version None: a barrier (nothing to write, acknowledged in its turn)
+            with nodes (StoreWriter.write_plain): bound is the task ids, nodes their nodes, and
+            no binding holds GPUs; version None: a barrier (nothing to write, acknowledged in its turn)
     ACK_FD: msgpack stream of acks [seq, error or None, CPU seconds since ready]; the first, seq 0,
             once it holds the lock below
 
@@ -25,6 +26,8 @@ import select
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import msgpack
@@ -92,11 +95,7 @@ def run(store_path: str, fd_in: int, fd_out: int) -> int:
             break  # end of input, everything written
         error: str | None = None
         if not failed:
-            batches: list[StoredBatch] = [
-                (version, bound, states, now)
-                for _, version, now, bound, states in group
-                if version is not None  # a barrier
-            ]
+            batches = [_stored(frame) for frame in group if frame[1] is not None]  # None: a barrier
             try:
                 if batches:
                     store.commit_many(batches)
@@ -109,6 +108,14 @@ def run(store_path: str, fd_in: int, fd_out: int) -> int:
         acks_open = acks_open and _write_all(fd_out, msgpack.packb(ack))
     store.close()
     return 0
+
+
+def _stored(frame: Sequence[Any]) -> StoredBatch:
+    """A frame as commit_many takes it; one of write_plain's has its bindings as columns."""
+    _, version, now, bound, states, *plain = frame
+    if plain:  # the task ids, then their nodes after the states: no GPUs
+        bound = list(zip(bound, plain[0], repeat(())))
+    return version, bound, states, now
 
 
 def _write_all(fd: int, data: bytes) -> bool:

@@ -6,10 +6,12 @@ actors the batch messages (UnitBatch, ProposalBatch, BindReply, ChangeList) pick
 columns (fast_pickle.rows_of); the others reduce one by one (fast_pickle).
 """
 
+import io
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from itertools import accumulate, starmap
-from operator import attrgetter, itemgetter
+from itertools import accumulate, repeat, starmap
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Final
 
 from gosched.common.cluster_state import Resident
@@ -192,10 +194,9 @@ class ProposalBatch:
     unschedulable: list[Unschedulable] = field(default_factory=list)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # As columns (see fast_pickle.rows_of): the jobs as rows of Job fields, every placement of
-        # the batch as one list of rows with a count per proposal, each other field of the
-        # proposals as one column (no tuple per proposal to pack, and the binder makes the
-        # proposals with one C map over the columns).
+        # As columns (see ProposalColumns): each field of the jobs, of the placements and of the
+        # proposals' other fields as one column, a column holding one object throughout as that
+        # object alone; every placement of the batch in one column, with a count per proposal.
         proposals = self.proposals
         rows = rows_of(Proposal, proposals)
         if rows is None or type(self) is not ProposalBatch:
@@ -211,35 +212,105 @@ class ProposalBatch:
         return _proposal_batch, (
             self.shard_id,
             self.seen_version,
-            job_rows,
+            len(proposals),
             counts,
-            placement_rows,
-            columns[2:],
+            _folded(job_rows, len(_JOB_FIELDS)),
+            _folded(placement_rows, len(_PLACEMENT_FIELDS)),
+            list(map(_fold, columns[2:])),
             self.unschedulable,
         )
 
 
 _PROPOSAL_FIELDS = fields(Proposal)
+_JOB_FIELDS = fields(Job)
+_PLACEMENT_FIELDS = fields(Placement)
 
 
-def _proposal_batch(
-    shard_id: int,
-    seen_version: int,
-    job_rows: list[tuple[Any, ...]],
-    counts: list[int] | None,
-    placement_rows: list[tuple[Any, ...]],
-    rest_columns: list[tuple[Any, ...]],
-    unschedulable: list[Unschedulable],
-) -> ProposalBatch:
-    jobs = objects_from(Job, job_rows)
-    placements = objects_from(Placement, placement_rows)
-    if counts is None:  # one placement per proposal
-        lists = [[p] for p in placements]
-    else:
-        ends = list(accumulate(counts))
-        lists = [placements[end - count : end] for count, end in zip(counts, ends, strict=True)]
-    proposals = list(map(Proposal, jobs, lists, *rest_columns))
-    return ProposalBatch(shard_id, seen_version, proposals, unschedulable)
+def _fold(column: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`column`, or its first entry alone where every entry is that one object (identity, not
+    equality: 0 == False == 0.0, and the pickled stream keeps which objects are shared)."""
+    if len(column) > 1 and all(map(is_, column, repeat(column[0]))):
+        return column[:1]
+    return column
+
+
+def _folded(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]]:
+    return list(map(_fold, zip(*rows, strict=True))) if rows else [()] * width
+
+
+def unfold(column: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+    """A column of a ProposalColumns as `n` entries."""
+    return column * n if len(column) == 1 else column
+
+
+def _rows(columns: list[tuple[Any, ...]], n: int) -> list[tuple[Any, ...]]:
+    return list(zip(*(unfold(c, n) for c in columns), strict=True))
+
+
+class ProposalColumns:
+    """A ProposalBatch as it travels (ProposalBatch.__reduce__): `n` proposals whose jobs'
+    fields, placements' fields (all the batch's placements, `counts` per proposal, or one each
+    where None) and other fields (Proposal's fields after job and placements) come as columns in
+    field order, a column of one entry standing for that entry in every row. The binder reads the
+    usual batch from the columns, making none of its objects (unpack_proposals)."""
+
+    __slots__ = ("counts", "jobs", "n", "placements", "rest", "seen_version", "shard_id", "unschedulable")
+
+    def __init__(
+        self,
+        shard_id: int,
+        seen_version: int,
+        n: int,
+        counts: list[int] | None,
+        jobs: list[tuple[Any, ...]],
+        placements: list[tuple[Any, ...]],
+        rest: list[tuple[Any, ...]],
+        unschedulable: list[Unschedulable],
+    ) -> None:
+        self.shard_id = shard_id
+        self.seen_version = seen_version
+        self.n = n
+        self.counts = counts
+        self.jobs = jobs
+        self.placements = placements
+        self.rest = rest
+        self.unschedulable = unschedulable
+
+    def batch(self) -> ProposalBatch:
+        """The ProposalBatch these columns were packed from."""
+        n = self.n
+        counts = self.counts
+        m = n if counts is None else sum(counts)
+        jobs = objects_from(Job, _rows(self.jobs, n))
+        placements = objects_from(Placement, _rows(self.placements, m))
+        if counts is None:  # one placement per proposal
+            lists = [[p] for p in placements]
+        else:
+            ends = list(accumulate(counts))
+            lists = [placements[end - count : end] for count, end in zip(counts, ends, strict=True)]
+        rest = (unfold(c, n) for c in self.rest)
+        proposals = list(map(Proposal, jobs, lists, *rest))
+        return ProposalBatch(self.shard_id, self.seen_version, proposals, self.unschedulable)
+
+
+def _proposal_batch(*columns: Any) -> ProposalBatch:
+    return ProposalColumns(*columns).batch()
+
+
+class _ColumnsUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name == "_proposal_batch" and module == __name__:
+            return ProposalColumns  # called with _proposal_batch's arguments: its columns kept
+        return super().find_class(module, name)
+
+
+def unpack_proposals(data: bytes) -> ProposalColumns | ProposalBatch:
+    """wire.unpack of a packed ProposalBatch, its columns left as they came (ProposalColumns;
+    .batch() makes the objects), or the batch itself where it was packed object by object."""
+    got = _ColumnsUnpickler(io.BytesIO(data)).load()
+    if not isinstance(got, ProposalColumns | ProposalBatch):
+        raise TypeError(f"not a packed ProposalBatch: {type(got).__name__}")
+    return got
 
 
 # -- binder -> shards and dispatcher --------------------------------------------------------------

@@ -68,7 +68,9 @@ from gosched.common.messages import (
     Change,
     ChangeList,
     ProposalBatch,
+    ProposalColumns,
     UnitBatch,
+    unpack_proposals,
 )
 from gosched.common.node import Node, NodeState
 from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
@@ -434,9 +436,12 @@ class BinderCore:
         """Commit a shard's ProposalBatch; report the outcome to the dispatcher; answer the shard
         with the same packed verdicts and the packed segments of changes since its view."""
         t0 = time.perf_counter()
-        batch = wire.unpack(batch_data)
-        assert isinstance(batch, ProposalBatch)
-        reply = self.binder.commit(batch, with_changes=False, rows_only=True)  # changes: as segments
+        batch = unpack_proposals(batch_data)
+        # The usual batch is bound from its columns; any other is made into its objects first.
+        reply = self.binder.commit_columns(batch) if isinstance(batch, ProposalColumns) else None
+        if reply is None:
+            planned = batch.batch() if isinstance(batch, ProposalColumns) else batch
+            reply = self.binder.commit(planned, with_changes=False, rows_only=True)  # changes: as segments
         self.commits += 1
         as_rows = self.binder.last_bound  # this commit's, when the fast path took it whole
         if as_rows is not None:

@@ -78,6 +78,28 @@ def test_batches_become_durable_in_order_and_each_callback_sees_its_batch_stored
     writer.close()
 
 
+def test_bindings_written_as_columns_are_stored_as_the_same_rows(tmp_path: Path) -> None:
+    """write_plain's frames (task ids and nodes, no GPUs) between write's: the same store."""
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "cols").mkdir()
+    rows_db, by_rows = writer_on(tmp_path / "rows", 30)
+    cols_db, by_cols = writer_on(tmp_path / "cols", 30)
+    for n in range(30):
+        tids, nodes = [f"j{n}/0", f"j{n}/1"], [f"node-{n % 7}", "node-0"]
+        if n % 3:
+            by_cols.write_plain(n + 1, tids, nodes, 1000.0 + n)
+        else:
+            by_cols.write(n + 1, list(zip(tids, nodes, [((0, 1000),), ()], strict=True)), [], 1000.0 + n)
+        gpus = [((0, 1000),), ()] if n % 3 == 0 else [(), ()]
+        by_rows.write(n + 1, list(zip(tids, nodes, gpus, strict=True)), [], 1000.0 + n)
+    for writer in (by_rows, by_cols):
+        writer.drain()
+        writer.close()
+    everything = "SELECT * FROM tasks ORDER BY task_id"
+    assert stored(cols_db, everything) == stored(rows_db, everything)
+    assert version_of(cols_db) == version_of(rows_db) == 30
+
+
 def test_a_callback_with_nothing_in_flight_still_runs_after_the_earlier_ones(tmp_path: Path) -> None:
     _, writer = writer_on(tmp_path, 1)
     order: list[str] = []

@@ -143,6 +143,36 @@ def test_batches_of_any_jobs_and_placements_round_trip_as_columns(rows: list, sh
     assert [len(p.placements) for p in back_planned.proposals] == [len(ps) for _, ps, *_ in rows]
 
 
+def test_a_proposal_batch_folds_a_column_of_one_object_and_keeps_what_is_shared() -> None:
+    """A column holding one object throughout travels once; one of equal but distinct objects, or
+    of equal values of other types (0, False, 0.0), does not: what comes back shares exactly what
+    was shared, which the binder's replies (packed with a memo) depend on."""
+    groups = make_job("x").cpu("1").build().groups
+    queue, twin = "q-shared", "".join(["q-", "shared"])
+    assert queue == twin and queue is not twin
+    jobs = [
+        Job(f"j{i}", groups, tenant="t", queue=queue if i else twin, priority=(0, False, 0)[i])
+        for i in range(3)
+    ]
+    node = "n1"
+    planned = ProposalBatch(
+        1, 5, [Proposal(j, [Placement(0, node)], 1, 0, (0.0, 0, 0.0)[i]) for i, j in enumerate(jobs)]
+    )
+    _, (_, _, n, counts, job_columns, placement_columns, rest, _) = planned.__reduce__()
+    assert n == 3 and counts is None
+    assert job_columns[1] == (groups,) and job_columns[2] == ("t",)  # folded
+    assert len(job_columns[3]) == 3 and len(job_columns[4]) == 3  # equal, not the same: kept
+    assert placement_columns[1] == (node,) and len(rest[2]) == 3
+    back = wire.unpack(wire.pack(planned))
+    assert isinstance(back, ProposalBatch) and back == planned
+    got = [p.job for p in back.proposals]
+    assert got[0].groups is got[1].groups is got[2].groups
+    assert got[1].queue is got[2].queue and got[0].queue is not got[1].queue
+    assert [type(j.priority) for j in got] == [int, bool, int]
+    assert [type(p.dispatch_time) for p in back.proposals] == [float, int, float]
+    assert back.proposals[0].placements[0].node is back.proposals[2].placements[0].node
+
+
 def test_a_change_list_keeps_its_order_around_bindings() -> None:
     job = make_job("g").cpu("1").replicas(3).build()
     node = make_node("n1").cpu("8").build()

@@ -12,7 +12,10 @@ check byte for byte.
 
 The batches and the reference live in $BINDER_REF (default /tmp/binder-ref): the batches are
 recorded once, the first time (their dispatch times vary from one recording to the next), and the
-binder's clock is a fixed sequence, so that the replies of the same code are the same bytes.
+binder's clock is a fixed sequence, so that the replies of the same code are the same bytes. After
+a change to how a ProposalBatch is packed, point $BINDER_REF at a new folder holding only the
+starting code's replies-N.pkl: the batches are recorded again from the code at hand, and its
+replies compared with the start's (the replies do not depend on the batches' dispatch times).
 """
 
 import gc
