@@ -64,7 +64,7 @@ from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
 from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
-from gosched.dispatcher.queues import PolicyQueue, make_queue
+from gosched.dispatcher.queues import HeapQueue, PolicyQueue, make_queue
 from gosched.dispatcher.records import (
     ALL_OF_ONE,
     DORMANT,
@@ -669,67 +669,83 @@ class Dispatcher:
         of_shard = self._inflight_by_shard[shard]
         epoch = self._shard_epoch[shard]
         in_flight = self._inflight
+        # The queue's next entries at once where it can say them (HeapQueue.head_run), popped
+        # together once read; else one peek and pop.
+        runs = pq if isinstance(pq, HeapQueue) else None
         n = 0
-        while n < limit:
-            rec = pq.peek()
-            if rec is None:
-                break
-            if not rec.n_pending or rec.cancelled:
+        waits = False
+        while n < limit and not waits:
+            recs: list[JobRecord] = runs.head_run(limit - n) if runs is not None else []
+            from_run = runs if recs else None
+            if from_run is None:
+                rec = pq.peek()
+                if rec is None:
+                    break
+                recs = [rec]
+            start, skipped = n, 0
+            for rec in recs:
+                if not rec.n_pending or rec.cancelled:
+                    skipped += 1  # popped with the others below
+                    rec.where = IDLE
+                    self._waiting -= 1
+                    self._maybe_finish(rec)
+                    continue
+                uniform, states = rec.uniform, rec.states
+                if uniform is not None and len(states) == 1 and states[0] is PENDING:
+                    idx = ALL_OF_ONE
+                    cpu, mem, gpu = uniform
+                else:
+                    idx = rec.pending_indexes()
+                    cpu, mem, gpu = rec.cost_of(idx)
+                if (
+                    order
+                    and in_flight + n
+                    and ((cpu and cpu > free_cpu) or (mem and mem > free_mem) or (gpu and gpu > free_gpu))
+                    and _fits(cpu, mem, gpu, unheld)
+                ):
+                    waits = True  # as the loop's `order` wait: the head waits for the answers in flight
+                    break
+                count = len(idx)
+                if count == 1:
+                    states[idx[0]] = SCHEDULED
+                else:
+                    for i in idx:
+                        states[i] = SCHEDULED
+                rec.n_pending -= count
+                rec.n_scheduled += count
+                attempt = rec.attempt = rec.dispatches
+                rec.dispatches = attempt + 1
+                rec.trust_epoch = epoch
+                rec.unsched = False
+                rec.where = INFLIGHT
+                rec.shard = rec.last_shard = shard
+                rec.dispatch_time = now
+                of_shard[rec.job_id] = rec
+                key = (rec.queue, rec.tenant)
+                row = inflight.get(key)
+                if row is None:
+                    inflight[key] = [cpu, mem, gpu]
+                else:
+                    row[0] += cpu
+                    row[1] += mem
+                    row[2] += gpu
+                held = rec.n_held
+                need = rec.job.min_member - held
+                if need < 1:
+                    need = 1
+                if need > count:
+                    need = count
+                batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
+                free_cpu -= cpu
+                free_mem -= mem
+                free_gpu -= gpu
+                n += 1
+            used = n - start + skipped  # the entries read, the one that waits left out
+            if from_run is not None:
+                if used:
+                    from_run.drop_run(recs if used == len(recs) else recs[:used])
+            elif used:
                 pq.pop()
-                rec.where = IDLE
-                self._waiting -= 1
-                self._maybe_finish(rec)
-                continue
-            uniform, states = rec.uniform, rec.states
-            if uniform is not None and len(states) == 1 and states[0] is PENDING:
-                idx = ALL_OF_ONE
-                cpu, mem, gpu = uniform
-            else:
-                idx = rec.pending_indexes()
-                cpu, mem, gpu = rec.cost_of(idx)
-            if (
-                order
-                and in_flight + n
-                and ((cpu and cpu > free_cpu) or (mem and mem > free_mem) or (gpu and gpu > free_gpu))
-                and _fits(cpu, mem, gpu, unheld)
-            ):
-                break  # as the loop's `order` wait: the head waits for the answers in flight
-            pq.pop()
-            count = len(idx)
-            if count == 1:
-                states[idx[0]] = SCHEDULED
-            else:
-                for i in idx:
-                    states[i] = SCHEDULED
-            rec.n_pending -= count
-            rec.n_scheduled += count
-            attempt = rec.attempt = rec.dispatches
-            rec.dispatches = attempt + 1
-            rec.trust_epoch = epoch
-            rec.unsched = False
-            rec.where = INFLIGHT
-            rec.shard = rec.last_shard = shard
-            rec.dispatch_time = now
-            of_shard[rec.job_id] = rec
-            key = (rec.queue, rec.tenant)
-            row = inflight.get(key)
-            if row is None:
-                inflight[key] = [cpu, mem, gpu]
-            else:
-                row[0] += cpu
-                row[1] += mem
-                row[2] += gpu
-            held = rec.n_held
-            need = rec.job.min_member - held
-            if need < 1:
-                need = 1
-            if need > count:
-                need = count
-            batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
-            free_cpu -= cpu
-            free_mem -= mem
-            free_gpu -= gpu
-            n += 1
         if n:
             self._shard_load[shard] += n
             self._waiting -= n
