@@ -83,6 +83,7 @@ from gosched.dispatcher.reservation import Reservations, ahead
 from gosched.dispatcher.room import evictions_made_room
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
+from gosched.dispatcher.verdicts import Verdicts
 
 PENDING = TaskState.PENDING
 SCHEDULED = TaskState.SCHEDULED
@@ -815,6 +816,10 @@ class Dispatcher:
     def on_reply(self, reply: BindReply) -> list[str]:
         """Take the binder's verdicts and evictions. Returns task ids bound for jobs or tasks that
         were cancelled meanwhile (or are unknown): the caller should release them."""
+        return self.on_verdicts(Verdicts.of(reply))
+
+    def on_verdicts(self, reply: Verdicts) -> list[str]:
+        """on_reply for the reply read as Verdicts (read_verdicts: the Ray dispatcher's)."""
         now = self.clock()
         updates: Updates = []
         orphans: list[str] = []
@@ -831,18 +836,18 @@ class Dispatcher:
         for rej in reply.rejected:
             refused.setdefault(rej.job_id, []).append(rej)
         timings = self.timings
-        for acc in reply.accepted:
-            rec = jobs.get(acc.job_id)
+        for job_id, _, indexes, bind_time, _ in reply.accepted:
+            rec = jobs.get(job_id)
             if rec is None:
-                orphans.extend(task_id(acc.job_id, i) for i in acc.task_indexes)
+                orphans.extend(task_id(job_id, i) for i in indexes)
                 continue
             if timings is not None and rec.dispatch_time:  # (dispatched by this dispatcher)
-                timings.append((rec.dispatch_time, rec.job.submit_time, acc.bind_time, len(acc.task_indexes)))
-            if self._bound_whole(rec, acc.task_indexes, committed):
+                timings.append((rec.dispatch_time, rec.job.submit_time, bind_time, len(indexes)))
+            if self._bound_whole(rec, indexes, committed):
                 continue
             states = rec.states
             changes: list[tuple[int, TaskState]] = []
-            for i in acc.task_indexes:
+            for i in indexes:
                 st = states[i]
                 if st is SCHEDULED or st is PENDING:
                     changes.append((i, BOUND))
@@ -894,7 +899,7 @@ class Dispatcher:
                 f"{'tasks' if len(ix) > 1 else 'task'} {', '.join(map(str, sorted(ix)))} preempted by {who}"
                 for who, ix in by.items()
             )
-        if reply.evicted and evictions_made_room(reply, jobs):
+        if reply.evicted and evictions_made_room(reply.accepted, reply.evicted, jobs):
             self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
