@@ -170,6 +170,7 @@ class Dispatcher:
         # binding time, tasks bound), for the scheduling latencies; the caller drains it.
         self.timings: list[tuple[float, float, float, int]] | None = None
         self.fast_dispatch = True  # False: next_batch_rows takes its general loop always (tests)
+        self.bind_whole = True  # False: on_verdicts takes its per-task path for every unit (tests)
         self._ensure_shards(self.partitions.shards)
         self._group_interner = GroupInterner()
         self._floors_for: tuple[tuple[int, int, int], list[tuple[QueueFloor, ...]]] = ((-1, -1, -1), [])
@@ -836,16 +837,76 @@ class Dispatcher:
         for rej in reply.rejected:
             refused.setdefault(rej.job_id, []).append(rej)
         timings = self.timings
+        whole = self.bind_whole
+        shard_load, by_shard, n_shards = self._shard_load, self._inflight_by_shard, len(self._shard_load)
         for job_id, _, indexes, bind_time, _ in reply.accepted:
             rec = jobs.get(job_id)
             if rec is None:
                 orphans.extend(task_id(job_id, i) for i in indexes)
                 continue
+            k = len(indexes)
             if timings is not None and rec.dispatch_time:  # (dispatched by this dispatcher)
-                timings.append((rec.dispatch_time, rec.job.submit_time, bind_time, len(indexes)))
-            if self._bound_whole(rec, indexes, committed):
-                continue
+                timings.append((rec.dispatch_time, rec.job.submit_time, bind_time, k))
             states = rec.states
+            if (
+                whole
+                and rec.where is INFLIGHT
+                and not rec.cancelled
+                and not rec.unsched
+                and k == rec.n_scheduled
+                and (
+                    states[indexes[0]] is SCHEDULED
+                    if k == 1
+                    else len(set(indexes)) == k and all(states[i] is SCHEDULED for i in indexes)
+                )
+            ):
+                # The unit in flight bound whole, its tasks all still scheduled (the usual answer):
+                # bound without _apply's per-task checks, its cost committed with the others at
+                # the end, the unit cleared as answered in full (_resolve without backoff; a job
+                # with every task placed forgets its earlier failures). Spelt out: it runs per unit.
+                if k == 1:
+                    states[indexes[0]] = BOUND
+                else:
+                    for i in indexes:
+                        states[i] = BOUND
+                rec.n_scheduled = 0
+                rec.n_held += k
+                rec.failures = 0
+                uniform = rec.uniform
+                if uniform is None:
+                    cpu, mem, gpu = rec.cost_of(indexes)
+                else:
+                    cpu, mem, gpu = uniform[0] * k, uniform[1] * k, uniform[2] * k  # as cost_of
+                key = (rec.queue, rec.tenant)
+                row = committed.get(key)
+                if row is None:
+                    committed[key] = [cpu, mem, gpu]
+                else:
+                    row[0] += cpu
+                    row[1] += mem
+                    row[2] += gpu
+                # _leave_flight (the job is not cancelled: checked above)
+                s = rec.shard
+                if s < n_shards:
+                    shard_load[s] -= 1
+                    by_shard[s].pop(job_id, None)
+                self._inflight -= 1
+                rec.where = IDLE
+                rec.shard = -1
+                claim = rec.claim
+                if claim is not None:
+                    rec.claim = None
+                    claimed = self._claims[rec.qi]
+                    claimed[0] -= claim[0]
+                    claimed[1] -= claim[1]
+                    claimed[2] -= claim[2]
+                if rec.n_pending:
+                    self._enqueue(rec)
+                else:
+                    # Every task is placed: the reasons of earlier attempts no longer say anything.
+                    rec.note = ""
+                    rec.diagnosis = None
+                continue
             changes: list[tuple[int, TaskState]] = []
             for i in indexes:
                 st = states[i]
@@ -904,66 +965,6 @@ class Dispatcher:
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         return orphans
-
-    def _bound_whole(
-        self, rec: JobRecord, indexes: tuple[int, ...], committed: dict[tuple[str, str], list[int]]
-    ) -> bool:
-        """If `indexes` are exactly the unit in flight's tasks, all still scheduled: mark them bound,
-        add their cost to `committed`, clear the unit as answered in full (_resolve without backoff;
-        a job with every task placed forgets its earlier failures) and return True; else change
-        nothing and return False. Once per unit bound: the steps are spelt out, not called."""
-        if rec.where is not INFLIGHT or rec.cancelled or rec.unsched or len(indexes) != rec.n_scheduled:
-            return False
-        states = rec.states
-        k = len(indexes)
-        if k == 1:
-            if states[indexes[0]] is not SCHEDULED:
-                return False
-            states[indexes[0]] = BOUND
-        else:
-            if len(set(indexes)) != k or not all(states[i] is SCHEDULED for i in indexes):
-                return False
-            for i in indexes:
-                states[i] = BOUND
-        rec.n_scheduled = 0
-        rec.n_held += k
-        rec.failures = 0
-        uniform = rec.uniform
-        if uniform is None:
-            cpu, mem, gpu = rec.cost_of(indexes)
-        else:
-            cpu, mem, gpu = uniform[0] * k, uniform[1] * k, uniform[2] * k  # as cost_of
-        key = (rec.queue, rec.tenant)
-        row = committed.get(key)
-        if row is None:
-            committed[key] = [cpu, mem, gpu]
-        else:
-            row[0] += cpu
-            row[1] += mem
-            row[2] += gpu
-        # _resolve(rec, now, backoff=False): the job is not cancelled (checked above). Its
-        # _leave_flight, spelt out: one call fewer per unit bound.
-        s = rec.shard
-        if s < len(self._shard_load):
-            self._shard_load[s] -= 1
-            self._inflight_by_shard[s].pop(rec.job_id, None)
-        self._inflight -= 1
-        rec.where = IDLE
-        rec.shard = -1
-        claim = rec.claim
-        if claim is not None:
-            rec.claim = None
-            claimed = self._claims[rec.qi]
-            claimed[0] -= claim[0]
-            claimed[1] -= claim[1]
-            claimed[2] -= claim[2]
-        if rec.n_pending:
-            self._enqueue(rec)
-        else:
-            # Every task is placed: the reasons of earlier attempts no longer say anything.
-            rec.note = ""
-            rec.diagnosis = None
-        return True
 
     def on_unschedulable(self, items: Sequence[Unschedulable]) -> None:
         """Tasks a shard could not place: back to pending; the job retries after a backoff."""
@@ -1210,7 +1211,7 @@ class Dispatcher:
 
     def _leave_flight(self, rec: JobRecord) -> None:
         """The job's unit in flight is answered: its shard's slot is free, the job idle (spelt out
-        in _bound_whole too: change both)."""
+        in on_verdicts too: change both)."""
         s = rec.shard
         if s < len(self._shard_load):
             self._shard_load[s] -= 1
