@@ -674,6 +674,11 @@ class Dispatcher:
         # The queue's next entries at once where it can say them (HeapQueue.head_run), popped
         # together once read; else one peek and pop.
         runs = pq if isinstance(pq, HeapQueue) else None
+        # The units' cost in flight, summed in locals while their (queue, tenant) stays the same
+        # (one queue's jobs, mostly of one tenant): added to `inflight` when it changes, and at the end.
+        queue: str | None = None
+        tenant = ""
+        cpu_sum = mem_sum = gpu_sum = 0
         n = 0
         waits = False
         while n < limit and not waits:
@@ -723,14 +728,14 @@ class Dispatcher:
                 rec.shard = rec.last_shard = shard
                 rec.dispatch_time = now
                 of_shard[rec.job_id] = rec
-                key = (rec.queue, rec.tenant)
-                row = inflight.get(key)
-                if row is None:
-                    inflight[key] = [cpu, mem, gpu]
-                else:
-                    row[0] += cpu
-                    row[1] += mem
-                    row[2] += gpu
+                if rec.queue != queue or rec.tenant != tenant:
+                    if queue is not None:
+                        _add_cost(inflight, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
+                    queue, tenant = rec.queue, rec.tenant
+                    cpu_sum = mem_sum = gpu_sum = 0
+                cpu_sum += cpu
+                mem_sum += mem
+                gpu_sum += gpu
                 held = rec.n_held
                 need = rec.job.min_member - held
                 if need < 1:
@@ -748,6 +753,8 @@ class Dispatcher:
                     from_run.drop_run(recs if used == len(recs) else recs[:used])
             elif used:
                 pq.pop()
+        if queue is not None:
+            _add_cost(inflight, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
         if n:
             self._shard_load[shard] += n
             self._waiting -= n
@@ -839,6 +846,11 @@ class Dispatcher:
         timings = self.timings
         whole = self.bind_whole
         shard_load, by_shard, n_shards = self._shard_load, self._inflight_by_shard, len(self._shard_load)
+        # The cost bound whole, summed in locals while the (queue, tenant) stays the same (as the
+        # one-queue loop sums what it dispatches): added to `committed` when it changes, and at the end.
+        queue: str | None = None
+        tenant = ""
+        cpu_sum = mem_sum = gpu_sum = 0
         for job_id, _, indexes, bind_time, _ in reply.accepted:
             rec = jobs.get(job_id)
             if rec is None:
@@ -877,14 +889,14 @@ class Dispatcher:
                     cpu, mem, gpu = rec.cost_of(indexes)
                 else:
                     cpu, mem, gpu = uniform[0] * k, uniform[1] * k, uniform[2] * k  # as cost_of
-                key = (rec.queue, rec.tenant)
-                row = committed.get(key)
-                if row is None:
-                    committed[key] = [cpu, mem, gpu]
-                else:
-                    row[0] += cpu
-                    row[1] += mem
-                    row[2] += gpu
+                if rec.queue != queue or rec.tenant != tenant:
+                    if queue is not None:
+                        _add_cost(committed, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
+                    queue, tenant = rec.queue, rec.tenant
+                    cpu_sum = mem_sum = gpu_sum = 0
+                cpu_sum += cpu
+                mem_sum += mem
+                gpu_sum += gpu
                 # _leave_flight (the job is not cancelled: checked above)
                 s = rec.shard
                 if s < n_shards:
@@ -934,9 +946,11 @@ class Dispatcher:
             if not rec.n_pending:
                 # Every task is placed: the reasons of earlier attempts no longer say anything.
                 rec.note, rec.diagnosis = "", None
+        if queue is not None:
+            _add_cost(committed, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
         usage = self.usage
-        for (queue, tenant), (cpu, mem, gpu) in committed.items():
-            usage.commit(queue, tenant, cpu, mem, gpu)
+        for (q, t), (cpu, mem, gpu) in committed.items():
+            usage.commit(q, t, cpu, mem, gpu)
         for rej in reply.rejected:
             rec = jobs.get(rej.job_id)
             if rec is None or rec.where is not INFLIGHT:
@@ -1607,6 +1621,19 @@ def _only_target(loads: Sequence[int], limit: int, per_shard_cap: int) -> int:
         return s
     others = min(load for i, load in enumerate(loads) if i != s)
     return s if others > least + limit else -1
+
+
+def _add_cost(
+    sums: dict[tuple[str, str], list[int]], key: tuple[str, str], cpu: int, mem: int, gpu: int
+) -> None:
+    """Add a cost (cpu, memory, gpu) to the sums kept per (queue, tenant)."""
+    row = sums.get(key)
+    if row is None:
+        sums[key] = [cpu, mem, gpu]
+    else:
+        row[0] += cpu
+        row[1] += mem
+        row[2] += gpu
 
 
 def _fits(cpu: int, mem: int, gpu: int, free: list[int]) -> bool:
