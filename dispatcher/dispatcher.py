@@ -64,7 +64,7 @@ from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
 from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
-from gosched.dispatcher.queues import PolicyQueue, make_queue
+from gosched.dispatcher.queues import HeapQueue, PolicyQueue, make_queue
 from gosched.dispatcher.records import (
     ALL_OF_ONE,
     DORMANT,
@@ -83,6 +83,7 @@ from gosched.dispatcher.reservation import Reservations, ahead
 from gosched.dispatcher.room import evictions_made_room
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
+from gosched.dispatcher.verdicts import Verdicts
 
 PENDING = TaskState.PENDING
 FAILED = TaskState.FAILED
@@ -172,6 +173,7 @@ class Dispatcher:
         # binding time, tasks bound), for the scheduling latencies; the caller drains it.
         self.timings: list[tuple[float, float, float, int]] | None = None
         self.fast_dispatch = True  # False: next_batch_rows takes its general loop always (tests)
+        self.bind_whole = True  # False: on_verdicts takes its per-task path for every unit (tests)
         self._ensure_shards(self.partitions.shards)
         self._group_interner = GroupInterner()
         self._floors_for: tuple[tuple[int, int, int], list[tuple[QueueFloor, ...]]] = ((-1, -1, -1), [])
@@ -672,67 +674,90 @@ class Dispatcher:
         of_shard = self._inflight_by_shard[shard]
         epoch = self._shard_epoch[shard]
         in_flight = self._inflight
+        # The queue's next entries at once where it can say them (HeapQueue.head_run), popped
+        # together once read; else one peek and pop.
+        runs = pq if isinstance(pq, HeapQueue) else None
+        # The units' cost in flight, summed in locals while their (queue, tenant) stays the same
+        # (one queue's jobs, mostly of one tenant): added to `inflight` when it changes, and at the end.
+        queue: str | None = None
+        tenant = ""
+        cpu_sum = mem_sum = gpu_sum = 0
         n = 0
-        while n < limit:
-            rec = pq.peek()
-            if rec is None:
-                break
-            if not rec.n_pending or rec.cancelled:
+        waits = False
+        while n < limit and not waits:
+            recs: list[JobRecord] = runs.head_run(limit - n) if runs is not None else []
+            from_run = runs if recs else None
+            if from_run is None:
+                rec = pq.peek()
+                if rec is None:
+                    break
+                recs = [rec]
+            start, skipped = n, 0
+            for rec in recs:
+                if not rec.n_pending or rec.cancelled:
+                    skipped += 1  # popped with the others below
+                    rec.where = IDLE
+                    self._waiting -= 1
+                    self._maybe_finish(rec)
+                    continue
+                uniform, states = rec.uniform, rec.states
+                if uniform is not None and len(states) == 1 and states[0] is PENDING:
+                    idx = ALL_OF_ONE
+                    cpu, mem, gpu = uniform
+                else:
+                    idx = rec.pending_indexes()
+                    cpu, mem, gpu = rec.cost_of(idx)
+                if (
+                    order
+                    and in_flight + n
+                    and ((cpu and cpu > free_cpu) or (mem and mem > free_mem) or (gpu and gpu > free_gpu))
+                    and _fits(cpu, mem, gpu, unheld)
+                ):
+                    waits = True  # as the loop's `order` wait: the head waits for the answers in flight
+                    break
+                count = len(idx)
+                if count == 1:
+                    states[idx[0]] = SCHEDULED
+                else:
+                    for i in idx:
+                        states[i] = SCHEDULED
+                rec.n_pending -= count
+                rec.n_scheduled += count
+                attempt = rec.attempt = rec.dispatches
+                rec.dispatches = attempt + 1
+                rec.trust_epoch = epoch
+                rec.unsched = False
+                rec.where = INFLIGHT
+                rec.shard = rec.last_shard = shard
+                rec.dispatch_time = now
+                of_shard[rec.job_id] = rec
+                if rec.queue != queue or rec.tenant != tenant:
+                    if queue is not None:
+                        _add_cost(inflight, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
+                    queue, tenant = rec.queue, rec.tenant
+                    cpu_sum = mem_sum = gpu_sum = 0
+                cpu_sum += cpu
+                mem_sum += mem
+                gpu_sum += gpu
+                held = rec.n_held
+                need = rec.job.min_member - held
+                if need < 1:
+                    need = 1
+                if need > count:
+                    need = count
+                batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
+                free_cpu -= cpu
+                free_mem -= mem
+                free_gpu -= gpu
+                n += 1
+            used = n - start + skipped  # the entries read, the one that waits left out
+            if from_run is not None:
+                if used:
+                    from_run.drop_run(recs if used == len(recs) else recs[:used])
+            elif used:
                 pq.pop()
-                rec.where = IDLE
-                self._waiting -= 1
-                self._maybe_finish(rec)
-                continue
-            uniform, states = rec.uniform, rec.states
-            if uniform is not None and len(states) == 1 and states[0] is PENDING:
-                idx = ALL_OF_ONE
-                cpu, mem, gpu = uniform
-            else:
-                idx = rec.pending_indexes()
-                cpu, mem, gpu = rec.cost_of(idx)
-            if (
-                order
-                and in_flight + n
-                and ((cpu and cpu > free_cpu) or (mem and mem > free_mem) or (gpu and gpu > free_gpu))
-                and _fits(cpu, mem, gpu, unheld)
-            ):
-                break  # as the loop's `order` wait: the head waits for the answers in flight
-            pq.pop()
-            count = len(idx)
-            if count == 1:
-                states[idx[0]] = SCHEDULED
-            else:
-                for i in idx:
-                    states[i] = SCHEDULED
-            rec.n_pending -= count
-            rec.n_scheduled += count
-            attempt = rec.attempt = rec.dispatches
-            rec.dispatches = attempt + 1
-            rec.trust_epoch = epoch
-            rec.unsched = False
-            rec.where = INFLIGHT
-            rec.shard = rec.last_shard = shard
-            rec.dispatch_time = now
-            of_shard[rec.job_id] = rec
-            key = (rec.queue, rec.tenant)
-            row = inflight.get(key)
-            if row is None:
-                inflight[key] = [cpu, mem, gpu]
-            else:
-                row[0] += cpu
-                row[1] += mem
-                row[2] += gpu
-            held = rec.n_held
-            need = rec.job.min_member - held
-            if need < 1:
-                need = 1
-            if need > count:
-                need = count
-            batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
-            free_cpu -= cpu
-            free_mem -= mem
-            free_gpu -= gpu
-            n += 1
+        if queue is not None:
+            _add_cost(inflight, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
         if n:
             self._shard_load[shard] += n
             self._waiting -= n
@@ -802,6 +827,10 @@ class Dispatcher:
     def on_reply(self, reply: BindReply) -> list[str]:
         """Take the binder's verdicts and evictions. Returns task ids bound for jobs or tasks that
         were cancelled meanwhile (or are unknown): the caller should release them."""
+        return self.on_verdicts(Verdicts.of(reply))
+
+    def on_verdicts(self, reply: Verdicts) -> list[str]:
+        """on_reply for the reply read as Verdicts (read_verdicts: the Ray dispatcher's)."""
         now = self.clock()
         updates: Updates = []
         orphans: list[str] = []
@@ -818,18 +847,83 @@ class Dispatcher:
         for rej in reply.rejected:
             refused.setdefault(rej.job_id, []).append(rej)
         timings = self.timings
-        for acc in reply.accepted:
-            rec = jobs.get(acc.job_id)
+        whole = self.bind_whole
+        shard_load, by_shard, n_shards = self._shard_load, self._inflight_by_shard, len(self._shard_load)
+        # The cost bound whole, summed in locals while the (queue, tenant) stays the same (as the
+        # one-queue loop sums what it dispatches): added to `committed` when it changes, and at the end.
+        queue: str | None = None
+        tenant = ""
+        cpu_sum = mem_sum = gpu_sum = 0
+        for job_id, _, indexes, bind_time, _ in reply.accepted:
+            rec = jobs.get(job_id)
             if rec is None:
-                orphans.extend(task_id(acc.job_id, i) for i in acc.task_indexes)
+                orphans.extend(task_id(job_id, i) for i in indexes)
                 continue
+            k = len(indexes)
             if timings is not None and rec.dispatch_time:  # (dispatched by this dispatcher)
-                timings.append((rec.dispatch_time, rec.job.submit_time, acc.bind_time, len(acc.task_indexes)))
-            if self._bound_whole(rec, acc.task_indexes, committed):
-                continue
+                timings.append((rec.dispatch_time, rec.job.submit_time, bind_time, k))
             states = rec.states
+            if (
+                whole
+                and rec.where is INFLIGHT
+                and not rec.cancelled
+                and not rec.unsched
+                and k == rec.n_scheduled
+                and (
+                    states[indexes[0]] is SCHEDULED
+                    if k == 1
+                    else len(set(indexes)) == k and all(states[i] is SCHEDULED for i in indexes)
+                )
+            ):
+                # The unit in flight bound whole, its tasks all still scheduled (the usual answer):
+                # bound without _apply's per-task checks, its cost committed with the others at
+                # the end, the unit cleared as answered in full (_resolve without backoff; a job
+                # with every task placed forgets its earlier failures). Spelt out: it runs per unit.
+                if k == 1:
+                    states[indexes[0]] = BOUND
+                else:
+                    for i in indexes:
+                        states[i] = BOUND
+                rec.n_scheduled = 0
+                rec.n_held += k
+                rec.failures = 0
+                uniform = rec.uniform
+                if uniform is None:
+                    cpu, mem, gpu = rec.cost_of(indexes)
+                else:
+                    cpu, mem, gpu = uniform[0] * k, uniform[1] * k, uniform[2] * k  # as cost_of
+                if rec.queue != queue or rec.tenant != tenant:
+                    if queue is not None:
+                        _add_cost(committed, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
+                    queue, tenant = rec.queue, rec.tenant
+                    cpu_sum = mem_sum = gpu_sum = 0
+                cpu_sum += cpu
+                mem_sum += mem
+                gpu_sum += gpu
+                # _leave_flight (the job is not cancelled: checked above)
+                s = rec.shard
+                if s < n_shards:
+                    shard_load[s] -= 1
+                    by_shard[s].pop(job_id, None)
+                self._inflight -= 1
+                rec.where = IDLE
+                rec.shard = -1
+                claim = rec.claim
+                if claim is not None:
+                    rec.claim = None
+                    claimed = self._claims[rec.qi]
+                    claimed[0] -= claim[0]
+                    claimed[1] -= claim[1]
+                    claimed[2] -= claim[2]
+                if rec.n_pending:
+                    self._enqueue(rec)
+                else:
+                    # Every task is placed: the reasons of earlier attempts no longer say anything.
+                    rec.note = ""
+                    rec.diagnosis = None
+                continue
             changes: list[tuple[int, TaskState]] = []
-            for i in acc.task_indexes:
+            for i in indexes:
                 st = states[i]
                 if st is SCHEDULED or st is PENDING:
                     changes.append((i, BOUND))
@@ -855,9 +949,11 @@ class Dispatcher:
             if not rec.n_pending:
                 # Every task is placed: the reasons of earlier attempts no longer say anything.
                 rec.note, rec.diagnosis = "", None
+        if queue is not None:
+            _add_cost(committed, (queue, tenant), cpu_sum, mem_sum, gpu_sum)
         usage = self.usage
-        for (queue, tenant), (cpu, mem, gpu) in committed.items():
-            usage.commit(queue, tenant, cpu, mem, gpu)
+        for (q, t), (cpu, mem, gpu) in committed.items():
+            usage.commit(q, t, cpu, mem, gpu)
         for rej in reply.rejected:
             rec = jobs.get(rej.job_id)
             if rec is None or rec.where is not INFLIGHT:
@@ -881,71 +977,11 @@ class Dispatcher:
                 f"{'tasks' if len(ix) > 1 else 'task'} {', '.join(map(str, sorted(ix)))} preempted by {who}"
                 for who, ix in by.items()
             )
-        if reply.evicted and evictions_made_room(reply, jobs):
+        if reply.evicted and evictions_made_room(reply.accepted, reply.evicted, jobs):
             self.notify_cluster_changed()
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         return orphans
-
-    def _bound_whole(
-        self, rec: JobRecord, indexes: tuple[int, ...], committed: dict[tuple[str, str], list[int]]
-    ) -> bool:
-        """If `indexes` are exactly the unit in flight's tasks, all still scheduled: mark them bound,
-        add their cost to `committed`, clear the unit as answered in full (_resolve without backoff;
-        a job with every task placed forgets its earlier failures) and return True; else change
-        nothing and return False. Once per unit bound: the steps are spelt out, not called."""
-        if rec.where is not INFLIGHT or rec.cancelled or rec.unsched or len(indexes) != rec.n_scheduled:
-            return False
-        states = rec.states
-        k = len(indexes)
-        if k == 1:
-            if states[indexes[0]] is not SCHEDULED:
-                return False
-            states[indexes[0]] = BOUND
-        else:
-            if len(set(indexes)) != k or not all(states[i] is SCHEDULED for i in indexes):
-                return False
-            for i in indexes:
-                states[i] = BOUND
-        rec.n_scheduled = 0
-        rec.n_held += k
-        rec.failures = 0
-        uniform = rec.uniform
-        if uniform is None:
-            cpu, mem, gpu = rec.cost_of(indexes)
-        else:
-            cpu, mem, gpu = uniform[0] * k, uniform[1] * k, uniform[2] * k  # as cost_of
-        key = (rec.queue, rec.tenant)
-        row = committed.get(key)
-        if row is None:
-            committed[key] = [cpu, mem, gpu]
-        else:
-            row[0] += cpu
-            row[1] += mem
-            row[2] += gpu
-        # _resolve(rec, now, backoff=False): the job is not cancelled (checked above). Its
-        # _leave_flight, spelt out: one call fewer per unit bound.
-        s = rec.shard
-        if s < len(self._shard_load):
-            self._shard_load[s] -= 1
-            self._inflight_by_shard[s].pop(rec.job_id, None)
-        self._inflight -= 1
-        rec.where = IDLE
-        rec.shard = -1
-        claim = rec.claim
-        if claim is not None:
-            rec.claim = None
-            claimed = self._claims[rec.qi]
-            claimed[0] -= claim[0]
-            claimed[1] -= claim[1]
-            claimed[2] -= claim[2]
-        if rec.n_pending:
-            self._enqueue(rec)
-        else:
-            # Every task is placed: the reasons of earlier attempts no longer say anything.
-            rec.note = ""
-            rec.diagnosis = None
-        return True
 
     def on_unschedulable(self, items: Sequence[Unschedulable]) -> None:
         """Tasks a shard could not place: back to pending; the job retries after a backoff."""
@@ -1245,7 +1281,7 @@ class Dispatcher:
 
     def _leave_flight(self, rec: JobRecord) -> None:
         """The job's unit in flight is answered: its shard's slot is free, the job idle (spelt out
-        in _bound_whole too: change both)."""
+        in on_verdicts too: change both)."""
         s = rec.shard
         if s < len(self._shard_load):
             self._shard_load[s] -= 1
@@ -1649,6 +1685,19 @@ def _only_target(loads: Sequence[int], limit: int, per_shard_cap: int) -> int:
         return s
     others = min(load for i, load in enumerate(loads) if i != s)
     return s if others > least + limit else -1
+
+
+def _add_cost(
+    sums: dict[tuple[str, str], list[int]], key: tuple[str, str], cpu: int, mem: int, gpu: int
+) -> None:
+    """Add a cost (cpu, memory, gpu) to the sums kept per (queue, tenant)."""
+    row = sums.get(key)
+    if row is None:
+        sums[key] = [cpu, mem, gpu]
+    else:
+        row[0] += cpu
+        row[1] += mem
+        row[2] += gpu
 
 
 def _fits(cpu: int, mem: int, gpu: int, free: list[int]) -> bool:

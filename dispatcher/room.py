@@ -11,12 +11,13 @@ milli, an extended resource), or by an eviction that no accepted placement of th
 still retried periodically, so a case this misses delays it; it cannot strand it.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gosched.common.job import split_task_id
-from gosched.common.messages import BindReply
+from gosched.common.messages import Eviction
 from gosched.common.resources import ResourceRequest
 from gosched.dispatcher.records import JobRecord
+from gosched.dispatcher.verdicts import AcceptedRow
 
 
 def _request(jobs: Mapping[str, JobRecord], tid: str) -> ResourceRequest | None:
@@ -43,15 +44,18 @@ def _exceeds(freed: list[ResourceRequest], taker: ResourceRequest) -> bool:
     return any(amount > took.get(name, 0) for name, amount in ext.items())
 
 
-def evictions_made_room(reply: BindReply, jobs: Mapping[str, JobRecord]) -> bool:
-    """True if the reply's evictions may have left room beyond what their preemptors took."""
-    evicted = {ev.task_id for ev in reply.evicted}
+def evictions_made_room(
+    accepted: Sequence[AcceptedRow], evictions: Sequence[Eviction], jobs: Mapping[str, JobRecord]
+) -> bool:
+    """True if a reply's evictions may have left room beyond what their preemptors (its accepted
+    units, as rows) took."""
+    evicted = {ev.task_id for ev in evictions}
     if not evicted:
         return False
     claimed: set[str] = set()
-    for acc in reply.accepted:
-        rec = jobs.get(acc.job_id)
-        for index, victims in zip(acc.task_indexes, acc.victims, strict=False):  # victims: () if none
+    for job_id, _, indexes, _, victims_of in accepted:
+        rec = jobs.get(job_id)
+        for index, victims in zip(indexes, victims_of, strict=False):  # victims: () if none
             if not victims:
                 continue
             if rec is None:

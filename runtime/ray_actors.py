@@ -49,7 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import itemgetter
 from typing import Any
 
 import ray
@@ -77,6 +77,7 @@ from gosched.common.snapshots import Gpus, JobSnapshot, NodeSnapshot
 from gosched.common.states import TaskState
 from gosched.common.store import Store
 from gosched.dispatcher.dispatcher import Dispatcher
+from gosched.dispatcher.verdicts import read_verdicts
 from gosched.runtime.gc_tuning import tune_gc
 from gosched.runtime.packed_changes import PackedChanges, Packer
 from gosched.scheduler_shard.shard import SchedulerShard
@@ -89,8 +90,8 @@ CommitAnswer = tuple[str, bytes, list[bytes], int, bool]
 ACTOR_CPUS = 0
 # Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
 LATENCY_KEEP = 100_000
-_TASK_INDEXES = attrgetter("task_indexes")  # of an AcceptedUnit
-_BIND_TIME = attrgetter("bind_time")
+_TASK_INDEXES = itemgetter(2)  # of an AcceptedRow
+_BIND_TIME = itemgetter(3)
 # The binder's exit code when its store writer fails: Ray restarts it, and it recovers from the store.
 WRITER_FAILED_EXIT = 70
 # Store paths SQLite opens as a private in-memory database, one per connection.
@@ -258,9 +259,8 @@ class DispatcherCore:
             self.busy_s += time.perf_counter() - t0
 
     def _report(self, reply_data: bytes, unschedulable_data: bytes) -> None:
-        reply = wire.unpack(reply_data)
-        assert isinstance(reply, BindReply)
-        orphaned = self.dispatcher.on_reply(reply)
+        reply = read_verdicts(reply_data)  # the accepted units as rows: no object made per unit
+        orphaned = self.dispatcher.on_verdicts(reply)
         if orphaned and self.binder is not None:  # bound for a job cancelled while in flight
             self.binder.release.remote(orphaned, TaskState.CANCELLED.value)
         unschedulable = wire.unpack(unschedulable_data)
@@ -268,7 +268,7 @@ class DispatcherCore:
         if unschedulable:
             self.dispatcher.on_unschedulable(unschedulable)
         if reply.rejected:
-            accepted = {a.job_id for a in reply.accepted}
+            accepted = {row[0] for row in reply.accepted}
             self.rejected_units += len({r.job_id for r in reply.rejected} - accepted)
         if reply.accepted:  # the counts by C maps; the latencies wait in the timings until drained
             self.bound_tasks += sum(map(len, map(_TASK_INDEXES, reply.accepted)))

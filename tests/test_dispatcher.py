@@ -984,49 +984,47 @@ def _answer(d: Dispatcher, batches, answers: dict[str, str]) -> BindReply:
 @pytest.mark.parametrize(
     "case, queues, answers", _reply_cases(), ids=lambda c: c if isinstance(c, str) else ""
 )
-def test_whole_units_bound_in_one_step_match_the_per_task_path(case, queues, answers, monkeypatch) -> None:
-    """The reply's shortcut for units bound whole (Dispatcher._bound_whole) leaves the dispatcher as
+def test_whole_units_bound_in_one_step_match_the_per_task_path(case, queues, answers) -> None:
+    """The reply's shortcut for units bound whole (Dispatcher.on_verdicts) leaves the dispatcher as
     the per-task transitions would: states, counts, usage per queue and tenant, what goes next."""
 
     def run(shortcut: bool) -> tuple[object, ...]:
-        with monkeypatch.context() as m:
-            if not shortcut:
-                m.setattr(Dispatcher, "_bound_whole", staticmethod(lambda rec, idx, committed: False))
-            d, _ = dispatcher(*queues, shards=1)
-            d.set_cluster_capacity(100 * CPU, 100 * GI, 8000)
-            d.submit(make_job("one").cpu("1").tenant("t1").build())
-            d.submit(make_job("gang").cpu("2").mem("1Gi").replicas(3).min_member(3).tenant("t2").build())
-            d.submit(make_job("mixed").cpu("1").gpus(1).group("w").cpu("3").replicas(2).tenant("t1").build())
-            d.submit(make_job("part").cpu("1").replicas(3).min_member(1).tenant("t2").build())
-            ids = ["one", "gang", "mixed", "part"]
-            d.on_reply(_answer(d, d.next_batches(), dict(answers)))
-            again = [(u.job.id, u.task_indexes) for u in units(d.next_batches())]
-            usage = {
-                (kind, name, part): d.usage.usage(kind, name, part).tolist()
-                for kind, names in (("queue", ("default",)), ("tenant", ("t1", "t2", "default")))
-                for name in names
-                for part in ("held", "inflight")
-            }
-            states = {j: d.task_states(j) for j in ids if j in d}
-            records = {  # the counts the dispatcher's next decisions read (units' min_needed, finishing)
-                j: (r.n_pending, r.n_scheduled, r.n_held, r.failures, r.where)
-                for j in ids
-                if (r := d._jobs.get(j)) is not None
-            }
-            before = (
-                states,
-                records,
-                {j: d.job_state(j) for j in ids},
-                d.pending_count(),
-                d.in_flight_count(),
-            )
-            # End every bound task: the counts the shortcut kept must let each job finish.
-            d.on_released(
-                [f"{j}/{i}" for j, st in states.items() for i, s in enumerate(st) if s is B],
-                TaskState.SUCCEEDED,
-            )
-            after = ({j: d.job_state(j) for j in ids}, d.usage.usage("queue", "default", "held").tolist())
-            return before, usage, again, after
+        d, _ = dispatcher(*queues, shards=1)
+        d.bind_whole = shortcut
+        d.set_cluster_capacity(100 * CPU, 100 * GI, 8000)
+        d.submit(make_job("one").cpu("1").tenant("t1").build())
+        d.submit(make_job("gang").cpu("2").mem("1Gi").replicas(3).min_member(3).tenant("t2").build())
+        d.submit(make_job("mixed").cpu("1").gpus(1).group("w").cpu("3").replicas(2).tenant("t1").build())
+        d.submit(make_job("part").cpu("1").replicas(3).min_member(1).tenant("t2").build())
+        ids = ["one", "gang", "mixed", "part"]
+        d.on_reply(_answer(d, d.next_batches(), dict(answers)))
+        again = [(u.job.id, u.task_indexes) for u in units(d.next_batches())]
+        usage = {
+            (kind, name, part): d.usage.usage(kind, name, part).tolist()
+            for kind, names in (("queue", ("default",)), ("tenant", ("t1", "t2", "default")))
+            for name in names
+            for part in ("held", "inflight")
+        }
+        states = {j: d.task_states(j) for j in ids if j in d}
+        records = {  # the counts the dispatcher's next decisions read (units' min_needed, finishing)
+            j: (r.n_pending, r.n_scheduled, r.n_held, r.failures, r.where)
+            for j in ids
+            if (r := d._jobs.get(j)) is not None
+        }
+        before = (
+            states,
+            records,
+            {j: d.job_state(j) for j in ids},
+            d.pending_count(),
+            d.in_flight_count(),
+        )
+        # End every bound task: the counts the shortcut kept must let each job finish.
+        d.on_released(
+            [f"{j}/{i}" for j, st in states.items() for i, s in enumerate(st) if s is B],
+            TaskState.SUCCEEDED,
+        )
+        after = ({j: d.job_state(j) for j in ids}, d.usage.usage("queue", "default", "held").tolist())
+        return before, usage, again, after
 
     shortcut, per_task = run(True), run(False)
     assert shortcut == per_task

@@ -120,7 +120,8 @@ _step = st.one_of(
 
 
 def _state(d: object) -> tuple[object, ...]:
-    """What the two loops must leave alike: every record's fields, the counters, the usage."""
+    """What the two loops must leave alike: every record's fields, the counters, the usage (per
+    queue and tenant too)."""
     recs = d._jobs  # type: ignore[attr-defined]
     fields = ("where", "shard", "last_shard", "attempt", "dispatches", "n_pending", "n_scheduled", "n_held")
     return (
@@ -130,6 +131,7 @@ def _state(d: object) -> tuple[object, ...]:
         d._inflight,  # type: ignore[attr-defined]
         {s: sorted(m) for s, m in enumerate(d._inflight_by_shard)},  # type: ignore[attr-defined]
         d.usage.room(),  # type: ignore[attr-defined]
+        sorted((pair, row[0]) for pair, row in d.usage._pairs.items()),  # type: ignore[attr-defined]
     )
 
 
@@ -158,7 +160,7 @@ def test_the_one_shard_loop_dispatches_as_the_general_loop(
             if step[0] == "submit":
                 jobs = []
                 for n, (tasks, min_member, cpus) in enumerate(step[1]):
-                    b = make_job(f"j{submitted + n}").cpu(str(cpus)).replicas(tasks)
+                    b = make_job(f"j{submitted + n}").cpu(str(cpus)).replicas(tasks).tenant(f"t{n % 2}")
                     jobs.append(b.min_member(min(min_member, tasks)).priority(n % 3).build())
                 d.submit_many(jobs)
             elif step[0] == "dispatch":

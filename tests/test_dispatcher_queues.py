@@ -260,6 +260,24 @@ def test_retried_job_keeps_its_place_in_every_policy(policy):
     assert job_ids(d.next_batches()) == ["j0", "j1", "j2"]
 
 
+def test_head_run_is_the_runs_head_up_to_the_first_heap_item_and_none_past_stale_items() -> None:
+    q: FifoQueue[Entry] = FifoQueue()
+    es = entries(*(make_job(n).build() for n in "abcde"))
+    q.push_many(es[1:])
+    assert [e.job_id for e in q.head_run(3)] == ["b", "c", "d"]
+    assert [e.job_id for e in q.head_run(9)] == ["b", "c", "d", "e"]
+    q.drop_run(q.head_run(2))  # b and c, as two pops
+    assert len(q) == 2 and "b" not in q and q.peek() is es[3]
+    q.push(es[0])  # a retry ahead of the run: the heap's, popped first
+    assert q.head_run(5) == []
+    assert q.pop() is es[0] and [e.job_id for e in q.head_run(5)] == ["d", "e"]
+    q.remove("d")  # a stale item at the run's head: one by one again
+    assert q.head_run(5) == [] and drain_ids(q) == ["e"]
+    q.push_many(es[:2])
+    q.drop_run(q.head_run(5))  # all of it
+    assert len(q) == 0 and q.peek() is None and q.head_run(5) == []
+
+
 class _Keyed(HeapQueue[Entry]):
     """Keyed by the entry's seq, which the test draws freely (in order, out of order, tied)."""
 
@@ -271,7 +289,7 @@ class _Keyed(HeapQueue[Entry]):
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["push", "pop", "peek", "remove", "compact"]),
+            st.sampled_from(["push", "pop", "peek", "remove", "compact", "run"]),
             st.integers(0, 7),
             st.integers(0, 20),
         )
@@ -281,7 +299,8 @@ def test_the_heap_queue_pops_in_key_then_arrival_order_whatever_the_pushes(ops) 
     """Against a plain model: the live entries sorted by (key, push number). Pushes that arrive in
     order take the sorted run, the others the heap; pops must interleave both exactly. The head a
     peek found is kept for the pop after it: a push, a removal or a compaction in between must not
-    let a stale head out."""
+    let a stale head out. head_run must give the next entries in that order (maybe fewer, or none),
+    and drop_run pop the ones taken of them as that many pops would."""
     q = _Keyed()
     model: dict[str, tuple[int, int]] = {}  # job id -> (key, push number) of its live entry
     jobs = {i: make_job(f"j{i}").build() for i in range(8)}
@@ -303,6 +322,13 @@ def test_the_heap_queue_pops_in_key_then_arrival_order_whatever_the_pushes(ops) 
             assert q.remove(job_id) is (model.pop(job_id, None) is not None)
         elif op == "compact":  # as many removals trigger it: stale items dropped, order kept
             q._compact()
+        elif op == "run":
+            got = [e.job_id for e in q.head_run(i)]
+            assert len(got) <= i and got == sorted(model, key=model.__getitem__)[: len(got)]
+            taken = q.head_run(i)[: key % (len(got) + 1)]
+            q.drop_run(taken)
+            for e in taken:
+                del model[e.job_id]
         else:
             want = first()
             got = q.pop()

@@ -12,7 +12,9 @@ higher priority) go to the heap. The next entry is the smaller of the two heads.
 
 import heapq
 import operator
+from bisect import bisect_left
 from collections import deque
+from itertools import islice, repeat, starmap
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from gosched.common.job import Job
@@ -33,6 +35,7 @@ class QueueEntry(Protocol):
 
 E = TypeVar("E", bound=QueueEntry)
 _JOB_ID = operator.attrgetter("job_id")
+_ENTRY = operator.itemgetter(2)
 
 
 class PolicyQueue(Protocol[E]):
@@ -158,6 +161,32 @@ class HeapQueue(Generic[E]):
         entry = item[2]
         del self._members[entry.job_id]
         return entry
+
+    def head_run(self, limit: int) -> list[E]:
+        """The next entries, up to `limit`, that as many pops would return if the queue did not
+        change meanwhile: the run's head, while no heap item comes first. The dispatcher reads them
+        and pops those it takes with drop_run, not one peek and pop each (a third of its work per
+        unit). Empty where the next entry is the heap's, or stale items may lie between them (there
+        it peeks and pops one by one)."""
+        if self._stale:
+            return []
+        items = list(islice(self._run, limit))
+        heap = self._heap
+        if heap and items:
+            # The run ascends; its items before the heap's head come first. Unique tokens: two
+            # items never compare their entries.
+            del items[bisect_left(items, heap[0]) :]
+        return list(map(_ENTRY, items))
+
+    def drop_run(self, entries: list[E]) -> None:
+        """Pop `entries`: the first of what head_run returned, the queue unchanged since."""
+        run, members = self._run, self._members
+        if len(entries) == len(run):
+            run.clear()
+        else:
+            deque(starmap(run.popleft, repeat((), len(entries))), 0)  # popleft, per entry, in C
+        deque(map(members.__delitem__, map(_JOB_ID, entries)), 0)
+        self._head_item = None
 
     def remove(self, job_id: str) -> bool:
         if self._members.pop(job_id, None) is None:
