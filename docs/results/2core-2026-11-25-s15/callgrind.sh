@@ -4,7 +4,8 @@
 # OpenBLAS thread: its idle threads spin, and added up to 500 instructions a task of noise).
 n=${1:-20000}; here=$(dirname "$0"); out=$(mktemp -d)
 # First the same bytes to the shards and the same state after the reports as the code before the
-# seventeenth session's cuts (batches.sha256, recorded at 20,000 jobs): a cut must change neither.
+# seventeenth session's cuts (batches.sha256, recorded at 20,000 jobs; the batches' hash again at
+# eeb077d, whose Job gained time_limit and max_retries, before the cuts): a cut must change neither.
 if ! python -P "$here/dispatcher_harness.py" 20000 check | diff - "$here/batches.sha256"; then
   echo "dispatcher_harness.py check: not what batches.sha256 recorded" >&2; exit 1
 fi
