@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from itertools import accumulate, repeat, starmap
 from operator import attrgetter, is_, itemgetter
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from gosched.common.cluster_state import Resident
 from gosched.common.fast_pickle import fast_pickle, objects_from, rows_of
@@ -100,13 +100,18 @@ _REST_OF_ROW = itemgetter(slice(1, None))
 class UnitBatchRows:
     """A UnitBatch whose units are given as rows (UnitRow): packed as that batch is, byte for byte,
     so it comes back as the same UnitBatch; the dispatcher makes the rows and sends them without a
-    Unit object per unit made only to be read back."""
+    Unit object per unit made only to be read back. `job_rows`: each unit's job as the tuple of
+    its field values (fast_pickle.rows_of), where the caller keeps them; None in it, or none
+    given: read from the jobs."""
 
-    __slots__ = ("rows", "shard_id")
+    __slots__ = ("job_rows", "rows", "shard_id")
 
-    def __init__(self, shard_id: int, rows: list[UnitRow]) -> None:
+    def __init__(
+        self, shard_id: int, rows: list[UnitRow], job_rows: list[tuple[Any, ...] | None] | None = None
+    ) -> None:
         self.shard_id = shard_id
         self.rows = rows
+        self.job_rows = job_rows
 
     def batch(self) -> UnitBatch:
         """The same batch as Unit objects."""
@@ -114,7 +119,12 @@ class UnitBatchRows:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         rows = self.rows
-        job_rows = rows_of(Job, list(map(_JOB_OF_ROW, rows)))
+        kept = self.job_rows
+        job_rows = (
+            rows_of(Job, list(map(_JOB_OF_ROW, rows)))
+            if kept is None or None in kept
+            else cast(list[tuple[Any, ...]], kept)
+        )
         if job_rows is None:  # a Job of a subclass: packed as its objects, as UnitBatch does
             return self.batch().__reduce__()
         return _unit_batch, (self.shard_id, job_rows, list(map(_REST_OF_ROW, rows)))

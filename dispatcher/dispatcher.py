@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from operator import attrgetter, is_
+from typing import Any
 
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
@@ -260,7 +261,7 @@ class Dispatcher:
             return ids
         # The dispatcher's clock, whatever a client gave: aging reads it, and a backdated time
         # would jump the queue past any priority. The same copy holds the shared groups.
-        new = restamped(new, shared, now)
+        new, rows = restamped_rows(new, shared, now)
         # Tokens are taken only once the jobs are stored: a submission the store refuses takes none.
         tenants = (j.tenant for j in new)
         tokens = self.admission.check(tenants, self._waiting + self._inflight, self._tenant_jobs)
@@ -276,7 +277,7 @@ class Dispatcher:
                     field = f"jobs[{at[0]}].{field}"  # which of the batch
                 raise SpecError(field, f"{exc.reason} (ids must be new: it already exists)") from exc
         self.admission.take(tokens)
-        self._register(new, totals)
+        self._register(new, totals, rows)
         return ids
 
     def _shared_groups(self, job: Job) -> tuple[tuple[TaskGroup, ...], int]:
@@ -340,11 +341,13 @@ class Dispatcher:
         if not 1 <= job.min_member <= total:
             raise SpecError("min_member", f"job {job.id}: min_member {job.min_member} not in 1..{total}")
 
-    def _register(self, jobs: list[Job], totals: list[int]) -> None:
+    def _register(
+        self, jobs: list[Job], totals: list[int], rows: list[tuple[Any, ...]] | None = None
+    ) -> None:
         """Make the records of `jobs` just admitted (`totals`: their task counts, every task
-        pending) and queue them in order."""
+        pending; `rows`: each job's field values, kept for its batches) and queue them in order."""
         qis = list(map(self._queue_index.__getitem__, map(_QUEUE, jobs)))
-        recs = queued_records(jobs, self._seq, qis, totals)  # every task pending, QUEUED
+        recs = queued_records(jobs, self._seq, qis, totals, rows)  # every task pending, QUEUED
         self._seq += len(recs)
         ids = list(map(_ID, jobs))
         self._jobs.update(zip(ids, recs, strict=True))
@@ -583,7 +586,14 @@ class Dispatcher:
         if inflight:
             for (queue, tenant), (cpu, mem, gpu) in inflight.items():
                 usage.add_inflight(queue, tenant, cpu, mem, gpu)
-        out = [UnitBatchRows(s, units) for s, units in enumerate(batches) if units]
+        # Each unit's job as the row of field values its record keeps (made at admission), not
+        # read again from the job: UnitBatchRows packs them as it packs the jobs' rows.
+        jobs = self._jobs
+        out = [
+            UnitBatchRows(s, units, [jobs[row[0].id].job_row for row in units])
+            for s, units in enumerate(batches)
+            if units
+        ]
         for b in out:
             self._shard_epoch[b.shard_id] = self._epoch
         return out
@@ -1714,17 +1724,23 @@ _SUBMISSION = attrgetter("submission_id")
 
 
 def restamped(jobs: list[Job], groups: list[tuple[TaskGroup, ...]], now: float) -> list[Job]:
-    """Copies of `jobs` submitted at `now`, each with its groups from `groups`. Every job's fields
-    are read with one C map and the copies made with one C starmap (fast_pickle's rows_of and
-    objects_from): a third less than `replaced` per job, which a submission pays for every job."""
+    """Copies of `jobs` submitted at `now`, each with its groups from `groups`."""
+    return restamped_rows(jobs, groups, now)[0]
+
+
+def restamped_rows(
+    jobs: list[Job], groups: list[tuple[TaskGroup, ...]], now: float
+) -> tuple[list[Job], list[tuple[Any, ...]] | None]:
+    """restamped's copies, and the rows of field values they were made from (None for jobs of a
+    subclass), which their records keep (JobRecord.job_row). Every job's fields are read with one
+    C map and the copies made with one C starmap (fast_pickle's rows_of and objects_from): a third
+    less than `replaced` per job, which a submission pays for every job."""
     rows = rows_of(Job, jobs)
     if rows is None:  # some are of a subclass of Job, with fields of their own
-        return [replaced(j, submit_time=now, groups=g) for j, g in zip(jobs, groups, strict=True)]
+        return [replaced(j, submit_time=now, groups=g) for j, g in zip(jobs, groups, strict=True)], None
     g_at, t_at = _GROUPS_AT, _TIME_AT
-    return objects_from(
-        Job,
-        [
-            (*row[:g_at], g, *row[g_at + 1 : t_at], now, *row[t_at + 1 :])
-            for row, g in zip(rows, groups, strict=True)
-        ],
-    )
+    rows = [
+        (*row[:g_at], g, *row[g_at + 1 : t_at], now, *row[t_at + 1 :])
+        for row, g in zip(rows, groups, strict=True)
+    ]
+    return objects_from(Job, rows), rows

@@ -2,6 +2,7 @@
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from gosched.common.job import Job, TaskGroup
 from gosched.common.messages import Diagnosis
@@ -45,6 +46,7 @@ class JobRecord:
         "failures",
         "job",
         "job_id",
+        "job_row",
         "last_shard",
         "n_held",
         "n_pending",
@@ -73,6 +75,7 @@ class JobRecord:
         counts are then known without reading the states."""
         self.job = job
         self.job_id = job.id
+        self.job_row: tuple[Any, ...] | None = None  # its field values (restamped_rows), if kept
         self.queue = job.queue
         self.tenant = job.tenant
         self.seq = seq
@@ -156,19 +159,27 @@ def job_costs(groups: tuple[TaskGroup, ...]) -> tuple[Cost | None, list[Cost]]:
     return None, costs
 
 
-def queued_records(jobs: list[Job], seq: int, qis: list[int], totals: list[int]) -> list[JobRecord]:
+def queued_records(
+    jobs: list[Job],
+    seq: int,
+    qis: list[int],
+    totals: list[int],
+    rows: list[tuple[Any, ...]] | None = None,
+) -> list[JobRecord]:
     """JobRecord(job, seq + k, qi, [PENDING] * total, n_pending=total) for the k-th job, its
-    `where` QUEUED: the records of jobs just submitted, about to be queued. The slots are
+    `where` QUEUED (and its `job_row` the k-th of `rows`, the job's field values, where given):
+    the records of jobs just submitted, about to be queued. The slots are
     written here, in one frame for them all, not by a call of __init__ per job (which a
     submission pays for every job); tests/test_dispatcher_submit_cost.py checks they match."""
     out = []
     last: object = None  # the previous job's groups: alike jobs share the tuple, and its costs
     uniform: Cost | None = None
     costs: list[Cost] = []
-    for job, qi, total in zip(jobs, qis, totals, strict=True):
+    for k, (job, qi, total) in enumerate(zip(jobs, qis, totals, strict=True)):
         rec = _new(JobRecord)
         rec.job = job
         rec.job_id = job.id
+        rec.job_row = None if rows is None else rows[k]
         rec.queue = job.queue
         rec.tenant = job.tenant
         seq += 1

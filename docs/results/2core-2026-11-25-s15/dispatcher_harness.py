@@ -38,7 +38,7 @@ from gosched.runtime.simulation import basic_jobs, sim_nodes
 def state_of(core: DispatcherCore) -> str:
     """What the reports leave behind, as text (the job objects by id: they are the batches')."""
     d = core.dispatcher
-    fields = JobRecord.__slots__
+    fields = [s for s in JobRecord.__slots__ if s != "job_row"]  # job_row: the job's fields (batches')
     recs = [[rec.job_id if s == "job" else getattr(rec, s) for s in fields] for rec in d._jobs.values()]
     usage = d.usage
     parts = (
