@@ -121,7 +121,8 @@ class Pipeline:
             again = self.dispatcher.retryable(task_ids)
             if again:
                 self.dispatcher.on_retried(again, self.binder.lose(again), reasons)
-                task_ids = [t for t in task_ids if t not in set(again)]
+                retried = set(again)
+                task_ids = [t for t in task_ids if t not in retried]
         released = self.binder.release(task_ids, final.value)
         self.dispatcher.on_released(released, final, reasons)
         self.sync_shards()  # see the room now: a verdict on the old view would be trusted

@@ -435,7 +435,8 @@ class RayControl:
             if again:
                 gone: list[str] = ray.get(self.rs.binder.lose.remote(again))
                 ray.get(self.rs.dispatcher.on_retried.remote(again, gone, dict(reasons or {})))
-                task_ids = [t for t in task_ids if t not in set(again)]
+                retried = set(again)
+                task_ids = [t for t in task_ids if t not in retried]
         released: list[str] = ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
         ray.get(self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {})))
         self._resync_shards()
