@@ -1723,16 +1723,12 @@ _ID, _QUEUE, _TENANT = attrgetter("id"), attrgetter("queue"), attrgetter("tenant
 _SUBMISSION = attrgetter("submission_id")
 
 
-def restamped(jobs: list[Job], groups: list[tuple[TaskGroup, ...]], now: float) -> list[Job]:
-    """Copies of `jobs` submitted at `now`, each with its groups from `groups`."""
-    return restamped_rows(jobs, groups, now)[0]
-
-
 def restamped_rows(
     jobs: list[Job], groups: list[tuple[TaskGroup, ...]], now: float
 ) -> tuple[list[Job], list[tuple[Any, ...]] | None]:
-    """restamped's copies, and the rows of field values they were made from (None for jobs of a
-    subclass), which their records keep (JobRecord.job_row). Every job's fields are read with one
+    """Copies of `jobs` submitted at `now`, each with its groups from `groups`, and the rows of field
+    values they were made from (None for jobs of a subclass), which their records keep
+    (JobRecord.job_row). Every job's fields are read with one
     C map and the copies made with one C starmap (fast_pickle's rows_of and objects_from): a third
     less than `replaced` per job, which a submission pays for every job."""
     rows = rows_of(Job, jobs)

@@ -2,7 +2,7 @@
 interning, the records and the queue order (dispatcher/dispatcher.py submit_many, _register)."""
 
 import pickle
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,7 @@ from gosched.common.errors import SpecError
 from gosched.common.job import Job, TaskGroup
 from gosched.common.states import TaskState
 from gosched.common.store import Store
-from gosched.dispatcher.dispatcher import Dispatcher, restamped
+from gosched.dispatcher.dispatcher import Dispatcher, restamped_rows
 from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.records import QUEUED, JobRecord
 from gosched.dispatcher.store import MemoryStore
@@ -107,10 +107,11 @@ def test_a_record_told_its_tasks_are_all_pending_counts_as_one_that_reads_them()
     assert (told.n_pending, told.n_scheduled, told.n_held) == (read.n_pending, read.n_scheduled, read.n_held)
 
 
-def test_restamped_matches_replace_and_keeps_subclasses() -> None:
+def test_restamped_rows_match_replace_and_keep_subclasses() -> None:
     jobs = basic_jobs(3)
     other = make_job("x").cpu("2").build().groups
-    out = restamped(jobs, [other, jobs[1].groups, other], 5.0)
+    out, rows = restamped_rows(jobs, [other, jobs[1].groups, other], 5.0)
+    assert rows is not None and rows == [tuple(getattr(j, f.name) for f in fields(Job)) for j in out]
     assert out == [
         replace(j, submit_time=5.0, groups=g)
         for j, g in zip(jobs, [other, jobs[1].groups, other], strict=True)
@@ -121,7 +122,8 @@ def test_restamped_matches_replace_and_keeps_subclasses() -> None:
         tag: str = "t"
 
     tagged = Tagged(id="t1", groups=jobs[0].groups, tag="kept")
-    (back,) = restamped([tagged], [other], 6.0)
+    (back,), none = restamped_rows([tagged], [other], 6.0)
+    assert none is None  # a subclass's fields are its own: no row kept
     assert type(back) is Tagged and back.tag == "kept" and back.submit_time == 6.0 and back.groups is other
 
 
