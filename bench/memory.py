@@ -12,11 +12,10 @@ from pathlib import Path
 
 import psutil
 
+from gosched.bench.ray_daemons import daemons_rss_mib
 from gosched.common.config import Settings
 from gosched.runtime.simulation import basic_jobs, sim_nodes
 
-# Ray's own processes on this machine (not ours, reported apart).
-RAY_DAEMONS = ("gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env_agent")
 SUBMIT_CHUNK = 10_000
 
 
@@ -36,15 +35,6 @@ class MemoryResult:
         return {**asdict(self), "control_plane_mib": self.control_plane_mib}
 
 
-def _ray_daemons_mib() -> float:
-    total = 0.0
-    for proc in psutil.process_iter(["cmdline", "memory_info"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if any(d in cmd for d in RAY_DAEMONS) and proc.info["memory_info"] is not None:
-            total += proc.info["memory_info"].rss / 2**20
-    return total
-
-
 def measure_memory(nodes: int, pending: int, shards: int) -> MemoryResult:
     from gosched.runtime.ray_cluster import RayScheduler
 
@@ -57,6 +47,6 @@ def measure_memory(nodes: int, pending: int, shards: int) -> MemoryResult:
             rs.sync_shards()
             rss = {name: p["rss_mib"] for name, p in rs.process_stats().items()}
             rss["driver"] = psutil.Process().memory_info().rss / 2**20
-            return MemoryResult(nodes, pending, shards, rss, _ray_daemons_mib())
+            return MemoryResult(nodes, pending, shards, rss, daemons_rss_mib())
         finally:
             rs.shutdown()

@@ -43,6 +43,26 @@ def table(results: Sequence[RunResult]) -> str:
             f"{r.tasks_per_s:>10,.0f}{_ms(r.p50_ms):>8}{_ms(r.p95_ms):>8}{_ms(r.p99_ms):>8}"
             f"{r.conflict_rate:>10.2%}{r.retries:>8}{r.peak_rss_mib:>9.0f}"
         )
+    serial = [r for r in results if r.serial_cpu_s and r.bound]
+    if serial:
+        lines += ["", "serial threads' CPU, us per task (Ray runs; each part one thread at a time):"]
+        for r in serial:
+            parts = ", ".join(f"{k} {v / r.bound * 1e6:.1f}" for k, v in r.serial_cpu_s.items())
+            cap = r.serial_cap_tasks_per_s
+            lines.append(
+                f"  {r.workload} {r.profile} {r.shards} shard(s): {parts}"
+                + (f"; alone they allow {cap:,.0f} tasks/s" if cap else "")
+            )
+            extra = []
+            if r.ray_daemons_cpu_s is not None:
+                extra.append(f"Ray's daemons {r.ray_daemons_cpu_s / r.bound * 1e6:.1f} us/task")
+            if r.reply_bytes is not None and r.largest_reply_bytes is not None:
+                extra.append(
+                    f"commit answers {r.reply_bytes / r.bound:.0f} B/task, "
+                    f"largest {r.largest_reply_bytes / 1024:.0f} KiB"
+                )
+            if extra:
+                lines.append("    " + "; ".join(extra))
     return "\n".join(lines)
 
 

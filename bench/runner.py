@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gosched.bench.ray_daemons import daemons_cpu_s
 from gosched.bench.workloads import Workload
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
@@ -39,6 +40,17 @@ class RunResult:
     # CPU seconds per component's processes during the run (Ray: each actor is a process; with a
     # rate, the dispatcher's includes taking the submissions)
     component_cpu_s: dict[str, float] = field(default_factory=dict)
+    # Ray: CPU seconds of each serial part's one busy thread (the dispatcher's and the binder's
+    # call threads, the binder's store writer, the busiest shard's call thread). With a core each,
+    # a part whose thread is busy the whole run caps the throughput at tasks / these seconds.
+    serial_cpu_s: dict[str, float] = field(default_factory=dict)
+    # Ray: CPU seconds of Ray's own daemons on this machine during the run (raylet, GCS, ...)
+    ray_daemons_cpu_s: float | None = None
+    # Ray: bytes of the binder's answers to the commits (verdicts and change segments), and the
+    # largest one since the binder started: past the actors' inline limit an answer goes through
+    # the object store
+    reply_bytes: int | None = None
+    largest_reply_bytes: int | None = None
     peak_rss_mib: float = 0.0  # the whole control plane: this process, plus every actor on Ray
     process_rss_mib: dict[str, float] = field(default_factory=dict)  # peak per process (Ray)
     offered_rate: float | None = None  # tasks/s arriving during the run (open loop), else queued first
@@ -47,8 +59,18 @@ class RunResult:
     def tasks_per_s(self) -> float:
         return self.bound / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def serial_cap_tasks_per_s(self) -> float | None:
+        """Tasks/s the busiest serial thread would allow alone, were each part given a core."""
+        busiest = max(self.serial_cpu_s.values(), default=0.0)
+        return self.bound / busiest if busiest > 0 else None
+
     def as_dict(self) -> dict[str, object]:
-        return {**asdict(self), "tasks_per_s": self.tasks_per_s}
+        return {
+            **asdict(self),
+            "tasks_per_s": self.tasks_per_s,
+            "serial_cap_tasks_per_s": self.serial_cap_tasks_per_s,
+        }
 
 
 def _peak_rss_mib() -> float:
@@ -140,6 +162,24 @@ class _Submitter(threading.Thread):
             self.done.set()
 
 
+def _serial_cpu_s(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, float]:
+    """RunResult.serial_cpu_s from the actors' process_stats before and after the run."""
+
+    def spent(name: str, key: str) -> float:
+        return after[name].get(key, 0.0) - before[name].get(key, 0.0)
+
+    parts: tuple[str, ...] = ("dispatcher", "binder")
+    serial = {part: spent(part, "call_cpu_s") for part in parts if part in after}
+    if "binder" in after and "writer_cpu_s" in after["binder"]:
+        serial["writer"] = spent("binder", "writer_cpu_s")
+    shards = [spent(name, "call_cpu_s") for name in after if name.startswith("shard")]
+    if shards:
+        serial["busiest shard"] = max(shards)
+    return serial
+
+
 def run_ray(
     w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 512, rate: float | None = None
 ) -> RunResult:
@@ -160,10 +200,12 @@ def run_ray(
                 rs.sync_shards()  # as in run_in_process
             rs.drain_latencies()
             before, procs_before = rs.stats(), rs.process_stats()
+            daemons_before = daemons_cpu_s()
             start = time.perf_counter()
             if rate is None:
                 rs.submit_many(w.measured)
                 procs_before = rs.process_stats()  # queued first: their submission is not the run's
+                daemons_before = daemons_cpu_s()
                 start = time.perf_counter()
                 rs.run_until_idle(timeout=1800)
             else:
@@ -175,6 +217,7 @@ def run_ray(
                     raise sub.error
             wall = time.perf_counter() - start
             stats, procs = rs.stats(), rs.process_stats()
+            daemons = daemons_cpu_s() - daemons_before
             dispatched, waited = rs.drain_latencies()
         finally:
             rs.shutdown()
@@ -193,6 +236,7 @@ def run_ray(
         key = "shards" if name.startswith("shard") else name
         component[key] += p["busy_s"] - procs_before[name]["busy_s"]
         cpu[key] += p["cpu_s"] - procs_before[name]["cpu_s"]
+    serial = _serial_cpu_s(procs_before, procs)
     rss = {name: p["peak_rss_mib"] for name, p in procs.items()}
     rss["driver"] = _peak_rss_mib()
     return RunResult(
@@ -211,6 +255,10 @@ def run_ray(
         p99_ms=p99,
         component_s=component,
         component_cpu_s=cpu,
+        serial_cpu_s=serial,
+        ray_daemons_cpu_s=daemons,
+        reply_bytes=stats["reply_bytes"] - before["reply_bytes"],
+        largest_reply_bytes=stats["largest_reply"],
         peak_rss_mib=sum(rss.values()),
         process_rss_mib=rss,
         offered_rate=rate,

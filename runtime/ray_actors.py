@@ -88,6 +88,17 @@ CommitAnswer = tuple[str, bytes, list[bytes], int, bool]
 
 # Actor options: no CPU reservation (the actors must never wait for a CPU slot on a small machine).
 ACTOR_CPUS = 0
+# The largest call argument or result our actors send inline, in the gRPC message. Ray's default
+# is 100 KiB; anything larger goes through the shared-memory object store (create, seal, a
+# fetch through the raylet, a free later). A commit's answer carries every shard's bindings since
+# the caller's last view, so with 8 shards nearly every answer passed 100 KiB (264 KB on average,
+# 8 segments, at batches of 512); through the store each cost about 1.5 ms more of wall time and
+# 1-1.4 ms of the raylet's CPU (docs/benchmarks.md, eighteenth session). Set per actor, through
+# its environment, because Ray reads it at each worker's start: it holds on a cluster this
+# process joins as well as on the one it starts.
+INLINE_BYTES = 8 * 2**20  # under Ray's 10 MiB cap on a call's inlined arguments
+INLINE_ENV = "RAY_max_direct_call_object_size"
+ACTOR_ENV = {"env_vars": {INLINE_ENV: str(INLINE_BYTES)}}
 # Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
 LATENCY_KEEP = 100_000
 _TASK_INDEXES = itemgetter(2)  # of an AcceptedRow
@@ -103,7 +114,13 @@ log = logging.getLogger(__name__)
 def process_stats(busy_s: float) -> dict[str, float]:
     """This actor process's pid, memory (now and peak, MiB), seconds spent on scheduling work (wall
     clock), and CPU seconds used by the whole process (user + system, Ray's own threads included):
-    where cores are shared, busy seconds count the waits for a core too, CPU seconds do not."""
+    where cores are shared, busy seconds count the waits for a core too, CPU seconds do not.
+
+    `call_cpu_s` is the CPU of the one thread that runs the actor's calls (Ray runs a synchronous
+    actor's calls on one thread, and this is called there): it holds the interpreter's lock for
+    the actor's work and for packing and unpacking its calls' arguments and results, so with
+    cores to spare it is what one actor can do in a second, while Ray's other threads (its
+    gRPC transport and event loops, `cpu_s` less `call_cpu_s`) run beside it."""
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -113,6 +130,7 @@ def process_stats(busy_s: float) -> dict[str, float]:
         "peak_rss_mib": usage.ru_maxrss / 1024,
         "busy_s": busy_s,
         "cpu_s": usage.ru_utime + usage.ru_stime,
+        "call_cpu_s": time.thread_time(),
     }
 
 
@@ -420,6 +438,8 @@ class BinderCore:
         self._pack_verdicts = Packer().pack
         self._pack_unschedulable = Packer().pack
         self.packed = PackedChanges(Packer())
+        self.reply_bytes = 0  # commits' answers, verdicts and segments: see INLINE_BYTES
+        self.largest_reply = 0
         tune_gc()
 
     def get_incarnation(self) -> str:
@@ -462,6 +482,9 @@ class BinderCore:
         else:
             self.writer.after_durable(lambda: report(verdicts, unschedulable, incarnation))
         segments, version, resync = self.packed.since(self.binder, batch.seen_version)
+        size = len(verdicts) + sum(map(len, segments))
+        self.reply_bytes += size
+        self.largest_reply = max(self.largest_reply, size)
         self.busy_s += time.perf_counter() - t0
         return self.incarnation, verdicts, segments, version, resync
 
@@ -485,6 +508,7 @@ class BinderCore:
             return stats
         cpu_s, rss_mib, peak_mib = child_stats(self.writer.pid)
         stats["cpu_s"] += cpu_s
+        stats["writer_cpu_s"] = cpu_s
         stats["rss_mib"] += rss_mib
         stats["peak_rss_mib"] += peak_mib
         return stats
@@ -507,6 +531,8 @@ class BinderCore:
         return {
             "version": self.binder.version,
             "commits": self.commits,
+            "reply_bytes": self.reply_bytes,
+            "largest_reply": self.largest_reply,
             "incarnation": self.incarnation,
             "writer_pid": None if self.writer is None else self.writer.pid,
             "writer_busy_s": 0.0 if self.writer is None else self.writer.busy_s,
@@ -751,10 +777,17 @@ def _decode_changes(data: bytes) -> tuple[list[Change], int, bool]:
     return list(changes), int(version), bool(resync)
 
 
+def actor_options() -> dict[str, Any]:
+    """ray.remote's options for every actor of the control plane."""
+    return {"num_cpus": ACTOR_CPUS, "max_restarts": -1, "runtime_env": ACTOR_ENV}
+
+
 def make_actor_classes() -> tuple[Any, Any, Any]:
     """The Ray actor classes (dispatcher, binder, shard). Shards and the binder restart without
-    limit; every actor is created with num_cpus=0 so that none waits for a CPU slot."""
-    dispatcher = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1)(DispatcherCore)
-    binder = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1)(BinderCore)
-    shard = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1)(ShardCore)
+    limit; every actor is created with num_cpus=0 so that none waits for a CPU slot, and sends
+    its messages inline up to INLINE_BYTES (Ray merges ACTOR_ENV into the job's environment)."""
+    options = actor_options()
+    dispatcher = ray.remote(**options)(DispatcherCore)
+    binder = ray.remote(**options)(BinderCore)
+    shard = ray.remote(**options)(ShardCore)
     return dispatcher, binder, shard

@@ -517,6 +517,8 @@ class RayScheduler:
         out.update(d)
         out["binder_version"] = b["version"]
         out["binder_commits"] = b["commits"]
+        out["reply_bytes"] = b["reply_bytes"]
+        out["largest_reply"] = b["largest_reply"]
         span = d["last_bind"] - d["first_dispatch"]
         out["tasks_per_s"] = d["bound_tasks"] / span if span > 0 and d["first_dispatch"] else 0.0
         return out

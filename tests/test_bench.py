@@ -92,9 +92,32 @@ def test_ray_run_at_a_rate_and_memory_report() -> None:
     # Each component's processes used CPU during the run (user + system seconds of the actors).
     assert set(r.component_cpu_s) == {"dispatcher", "shards", "binder"}
     assert all(v > 0 for v in r.component_cpu_s.values())
+    # Each serial part's one thread: part of its process's CPU (the writer is the binder's child).
+    assert set(r.serial_cpu_s) == {"dispatcher", "binder", "writer", "busiest shard"}
+    # (the writer's CPU is read in the kernel's ticks, 10 ms: a tiny run may read none)
+    assert all(v > 0 for k, v in r.serial_cpu_s.items() if k != "writer") and r.serial_cpu_s["writer"] >= 0
+    assert r.serial_cpu_s["dispatcher"] <= r.component_cpu_s["dispatcher"]
+    assert r.serial_cpu_s["binder"] + r.serial_cpu_s["writer"] <= r.component_cpu_s["binder"]
+    assert r.serial_cpu_s["busiest shard"] <= r.component_cpu_s["shards"]
+    assert r.ray_daemons_cpu_s is not None and r.ray_daemons_cpu_s >= 0
+    # Every commit's answer holds its verdicts, so the answers carry bytes for every bound task.
+    assert r.reply_bytes is not None and r.largest_reply_bytes is not None
+    assert r.reply_bytes > r.bound and 0 < r.largest_reply_bytes <= r.reply_bytes
+    assert "serial threads' CPU" in table([r])
     m = measure_memory(40, 500, 2)
     assert m.pending_tasks == 500 and {"dispatcher", "binder", "shard-0", "shard-1"} <= set(m.rss_mib)
     assert m.control_plane_mib == pytest.approx(sum(m.rss_mib.values())) and m.control_plane_mib > 0
+
+
+def test_the_serial_cap_is_the_tasks_over_the_busiest_threads_seconds() -> None:
+    w = WORKLOADS["scheduling-basic"](20, 50)
+    r = run_in_process(w, shards=1, profile=ProfileConfig())
+    assert r.serial_cap_tasks_per_s is None  # in process: no threads of their own measured
+    r.serial_cpu_s = {"dispatcher": 0.01, "binder": 0.025, "writer": 0.002, "busiest shard": 0.02}
+    assert r.serial_cap_tasks_per_s == pytest.approx(r.bound / 0.025)
+    assert r.as_dict()["serial_cap_tasks_per_s"] == pytest.approx(r.bound / 0.025)
+    line = next(x for x in table([r]).splitlines() if "binder" in x and "busiest" in x)
+    assert f"binder {0.025 / r.bound * 1e6:.1f}" in line and f"{r.bound / 0.025:,.0f} tasks/s" in line
 
 
 @pytest.mark.parametrize("rate", ["fast", "-5", "0"])

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 from gosched.common.config import ProfileConfig, Settings  # noqa: E402
 from gosched.common.job import Job  # noqa: E402
 from gosched.common.node import Node  # noqa: E402
-from gosched.runtime import ray_cluster  # noqa: E402
+from gosched.runtime import ray_actors, ray_cluster  # noqa: E402
 from gosched.runtime.ray_bench import run_ray_bench  # noqa: E402
 from gosched.runtime.ray_cluster import RayScheduler  # noqa: E402
 from gosched.runtime.simulation import basic_jobs, sim_nodes  # noqa: E402
@@ -40,6 +40,38 @@ def assert_all_bound_once(rs: RayScheduler, jobs: Sequence[Job]) -> None:
     assert len(ids) == len(set(ids)), "a task is resident twice"
     assert sorted(ids) == expected
     assert rs.task_state_counts([j.id for j in jobs]) == {"bound": len(expected)}
+
+
+class _Answers:
+    def answer(self, size: int) -> bytes:
+        return b"x" * size
+
+
+def _in_object_store() -> int:
+    """Objects in the shared-memory object store now (Ray's memory summary)."""
+    from ray._private.internal_api import memory_summary
+
+    line = next(x for x in memory_summary(stats_only=True).splitlines() if "Plasma memory usage" in x)
+    return int(line.split(",")[1].split()[0])
+
+
+def test_the_actors_answer_large_calls_inline_not_through_the_object_store() -> None:
+    """A commit's answer with 8 shards passes Ray's 100 KiB default: the actors' options keep such
+    an answer in the call's reply (the object store holds one while its ref lives)."""
+    size = 2**20
+    assert size < ray_actors.INLINE_BYTES
+    ours = ray.remote(**ray_actors.actor_options())(_Answers).remote()
+    plain = ray.remote(num_cpus=0)(_Answers).remote()  # Ray's default limit
+    before = _in_object_store()
+    kept = ours.answer.remote(size)
+    ray.wait([kept])
+    assert _in_object_store() == before  # the actor's answer: inline
+    assert ray.get(kept) == b"x" * size
+    held = plain.answer.remote(size)
+    ray.wait([held])
+    assert _in_object_store() == before + 1  # Ray's default: through the store
+    for actor in (plain, ours):
+        ray.kill(actor)
 
 
 def test_gang_and_2000_jobs_bind_exactly_once(tmp_path: Path) -> None:
