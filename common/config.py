@@ -174,6 +174,11 @@ class Settings(BaseSettings):
     # cluster, in case a change went unnoticed. Longer than the backoff cap: a backlog of units
     # that fit nowhere costs one attempt each per interval (kube-scheduler waits 5 min).
     unschedulable_retry_s: float = Field(default=60.0, ge=0.0)
+    # A failed task its job runs again (max_retries) waits this long before its job is queued
+    # again, doubling with each retry of that task, capped: a task that fails at once is not
+    # started again and again without a pause (Kubernetes' restart backoff: 10 s doubling to 5 min).
+    failure_backoff_s: float = Field(default=10.0, ge=0.0)
+    failure_backoff_max_s: float = Field(default=300.0, ge=0.0)
     # The master process (gosched master / up).
     runtime: Literal["ray", "local"] = "ray"  # components as Ray actors, or all in the master process
     ray_address: str | None = None  # join this Ray cluster; None: this machine's if one runs, else start one
@@ -218,11 +223,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _backoff_cap_above_base(self) -> "Settings":
-        if self.retry_backoff_max_s < self.retry_backoff_s:
-            raise ValueError(
-                f"retry_backoff_max_s ({self.retry_backoff_max_s}) is below retry_backoff_s "
-                f"({self.retry_backoff_s}): the cap would cut every backoff to it"
-            )
+        for base, cap in (
+            ("retry_backoff_s", "retry_backoff_max_s"),
+            ("failure_backoff_s", "failure_backoff_max_s"),
+        ):
+            if getattr(self, cap) < getattr(self, base):
+                raise ValueError(
+                    f"{cap} ({getattr(self, cap)}) is below {base} ({getattr(self, base)}): "
+                    "the cap would cut every backoff to it"
+                )
         return self
 
     @model_validator(mode="after")

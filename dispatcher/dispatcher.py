@@ -59,7 +59,7 @@ from gosched.common.messages import (
     Unschedulable,
 )
 from gosched.common.snapshots import JobSnapshot
-from gosched.common.spec import generated_job_id
+from gosched.common.spec import format_duration, generated_job_id
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
@@ -1113,6 +1113,8 @@ class Dispatcher:
         gone = set(released)
         counted = [tid for tid in retried if tid in gone]  # the binder held them: none ended otherwise
         told: dict[str, str] = {}
+        wait: dict[str, float] = {}  # per job: the longest backoff of its tasks failed now
+        base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
         for tid in counted:
             job_id, index = split_task_id(tid)
             rec = self._jobs[job_id]
@@ -1120,8 +1122,12 @@ class Dispatcher:
             why = (reasons or {}).get(tid, "")
             if why:
                 told[tid] = why
+            delay = backoff_delay(base, cap, used)
+            wait[job_id] = max(wait.get(job_id, 0.0), delay)
             line = failure_line(index, FAILED, why or "no reason given")
             again = f"{line}; run again (retry {used} of {rec.job.max_retries})"
+            if delay:
+                again += f" after {format_duration(delay)}"
             rec.failure = with_failure(rec.failure, again)
         for tid in gone.difference(counted):  # a gang's members stopped with a failed one
             job_id, index = split_task_id(tid)
@@ -1129,8 +1135,23 @@ class Dispatcher:
             if mate is not None:
                 mate.disruption = f"task {index} stopped: a task of its gang failed and runs again"
         self.on_released(released, PENDING, again=gone)
+        now = self.clock()
+        for job_id, delay in wait.items():
+            self._back_off_failed(self._jobs[job_id], now, delay)
         if self.store is not None and counted:
             self.store.set_task_states([], reasons=told, retried=counted)
+
+    def _back_off_failed(self, rec: JobRecord, now: float, delay: float) -> None:
+        """A job queued again for a failed task waits out `delay` first, and then is queued whether
+        or not the cluster changed (the failure, not the room, is why it waits). A job whose other
+        tasks are in flight or parked already is left as it is: the failed task goes with them."""
+        if not delay or rec.where is not QUEUED:
+            return
+        self._queues[rec.qi].remove(rec.job_id)
+        self._waiting -= 1
+        self._park(rec, now, delay)
+        rec.park_epoch = UNTRUSTED  # retried when the backoff ends, not only on a change
+        rec.failed_backoff = True
 
     def on_started(self, task_ids: Iterable[str]) -> list[str]:
         """Tasks whose process started on their node: bound -> running. Tasks in any other state
@@ -1362,6 +1383,7 @@ class Dispatcher:
     def _park(self, rec: JobRecord, now: float, delay: float) -> None:
         self._park_seq += 1
         rec.where = PARKED
+        rec.failed_backoff = False
         rec.parked_at = now
         rec.ready_at = now + delay
         rec.park_epoch = rec.trust_epoch  # what the verdict can be trusted to have seen
@@ -1587,7 +1609,10 @@ class Dispatcher:
             head = _summary(done.job, done.state, done.states)
             return f"{head} (finished)" + (f"\n{done.note}" if done.note else "")
         lines = [_summary(rec.job, self.job_state(job_id), rec.states)]
-        if rec.where is PARKED:
+        if rec.where is PARKED and rec.failed_backoff:
+            wait = max(0.0, rec.ready_at - self.clock())
+            lines.append(f"backing off after a task failed; queued again in {wait:.3f}s")
+        elif rec.where is PARKED:
             wait = max(0.0, rec.ready_at - self.clock())
             lines.append(f"backing off after {rec.failures} unschedulable attempt(s); retry in {wait:.3f}s")
         elif rec.where is DORMANT:
@@ -1668,7 +1693,8 @@ def _refused_in_part(attempt: int, refusals: Sequence[RejectedUnit]) -> str:
 
 
 def backoff_delay(base: float, cap: float, failures: int) -> float:
-    """The wait after `failures` consecutive unschedulable attempts (0 for none)."""
+    """The wait after `failures` consecutive unschedulable attempts, or retries of a failed
+    task (0 for none): base, doubling per one more, at most cap."""
     if failures <= 0:
         return 0.0
     return min(cap, base * math.pow(2.0, min(failures - 1, 62)))

@@ -42,6 +42,7 @@ class JobRecord:
         "dispatch_time",
         "dispatches",
         "disruption",
+        "failed_backoff",
         "failure",
         "failures",
         "job",
@@ -102,6 +103,7 @@ class JobRecord:
         self.last_shard = -1
         self.ready_at = 0.0  # end of the backoff (parked) or of the dormant wait
         self.parked_at = 0.0
+        self.failed_backoff = False  # parked to wait out a failed task's backoff, not for room
         # Cluster epochs (see Dispatcher.notify_cluster_changed): the latest one the shard's verdict on
         # the unit in flight can be trusted to have seen, and the one the job's parking is measured by.
         self.trust_epoch = 0
@@ -205,6 +207,7 @@ def queued_records(
         rec.claim = None
         rec.shard = rec.last_shard = -1
         rec.ready_at = rec.parked_at = 0.0
+        rec.failed_backoff = False
         rec.trust_epoch = rec.park_epoch = rec.park_token = 0
         rec.cancelled = False
         rec.diagnosis = None

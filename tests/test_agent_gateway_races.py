@@ -96,17 +96,18 @@ def agents_of(master: ServerHandle, root: Path, *names: str, **options: Any) -> 
                 agent.stop()
 
 
-def start(store: Path, port: int = 0, node_timeout_s: float = 30.0) -> ServerHandle:
+def start(store: Path, port: int = 0, node_timeout_s: float = 30.0, **more: Any) -> ServerHandle:
     """A master on `store` (and `port`, to come back where agents look for it) whose kills have a
-    short grace period; a long node timeout: no node is lost unless a test says so."""
-    handle = start_master(store, node_timeout_s=node_timeout_s, port=port)
+    short grace period; a long node timeout: no node is lost unless a test says so. `more`:
+    other settings."""
+    handle = start_master(store, node_timeout_s=node_timeout_s, port=port, **more)
     gateway_of(handle).kill_grace_s = KILL_GRACE_S
     return handle
 
 
 @contextmanager
-def master_at(store: Path) -> Iterator[ServerHandle]:
-    handle = start(store)
+def master_at(store: Path, **more: Any) -> Iterator[ServerHandle]:
+    handle = start(store, **more)
     try:
         yield handle
     finally:

@@ -136,7 +136,9 @@ def assert_one_state_each(p: Pipeline, all_jobs: list[Job]) -> None:
 
 
 def restarted_pipeline(db: str, shards: int) -> Pipeline:
-    return Pipeline(Settings(store_path=db, shards=shards, retry_backoff_s=0.0, batch_size=3))
+    return Pipeline(
+        Settings(store_path=db, shards=shards, retry_backoff_s=0.0, failure_backoff_s=0.0, batch_size=3)
+    )
 
 
 def assert_shard_views_match(p: Pipeline) -> None:
@@ -175,7 +177,12 @@ def test_pipeline_invariants(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "gs.db")
-        p = Pipeline(Settings(store_path=db, shards=shards, retry_backoff_s=0.0, batch_size=3), nodes=nodes)
+        # A retried task's job waits out its backoff parked (60 s: past the run), or runs at once.
+        backoff = data.draw(st.sampled_from([0.0, 60.0]))
+        settings = Settings(
+            store_path=db, shards=shards, retry_backoff_s=0.0, failure_backoff_s=backoff, batch_size=3
+        )
+        p = Pipeline(settings, nodes=nodes)
         p.submit_many(first)
         for _ in range(data.draw(st.integers(0, 5))):
             p.step()
@@ -256,7 +263,10 @@ def test_interleaved_shard_proposals_keep_every_invariant(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "gs.db")
-        p = Pipeline(Settings(store_path=db, shards=shards, retry_backoff_s=0.0, batch_size=2), nodes=nodes)
+        settings = Settings(
+            store_path=db, shards=shards, retry_backoff_s=0.0, failure_backoff_s=0.0, batch_size=2
+        )
+        p = Pipeline(settings, nodes=nodes)
         held: list[ProposalBatch] = []
         p.submit_many(first)
         for _ in range(data.draw(st.integers(0, 4))):
@@ -307,7 +317,11 @@ def test_a_node_tainted_noexecute_while_plans_are_in_flight_never_holds_an_intol
     ]
     with tempfile.TemporaryDirectory() as tmp:
         settings_ = Settings(
-            store_path=str(Path(tmp) / "gs.db"), shards=shards, retry_backoff_s=0.0, batch_size=2
+            store_path=str(Path(tmp) / "gs.db"),
+            shards=shards,
+            retry_backoff_s=0.0,
+            failure_backoff_s=0.0,
+            batch_size=2,
         )
         control = LocalControl(settings_, nodes=nodes)
         p = control.pipeline

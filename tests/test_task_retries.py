@@ -47,18 +47,24 @@ def test_a_bad_max_retries_is_refused_naming_the_field(given: object, reason: st
 
 
 # == the control planes ============================================================================
-def _local(tmp_path: Path) -> ControlPlane:
-    return LocalControl(Settings(store_path=str(tmp_path / "gs.db"), shards=1), sim_nodes(2))
+# Retried at once unless a test asks for a backoff (the default waits 10 s, as Kubernetes does).
+AT_ONCE = {"failure_backoff_s": 0.0}
 
 
-def _ray(tmp_path: Path) -> ControlPlane:
+def _local(tmp_path: Path, **settings: float) -> ControlPlane:
+    opts = AT_ONCE | settings
+    return LocalControl(Settings(store_path=str(tmp_path / "gs.db"), shards=1, **opts), sim_nodes(2))
+
+
+def _ray(tmp_path: Path, **settings: float) -> ControlPlane:
     ray = pytest.importorskip("ray")
     from gosched.runtime import ray_cluster
     from gosched.runtime.ray_control import RayControl
 
     if not ray.is_initialized():
         ray_cluster._start_ray(None, num_cpus=2, logging_level="error", log_to_driver=False)
-    return RayControl(Settings(store_path=str(tmp_path / "gs.db"), shards=1), sim_nodes(2))
+    opts = AT_ONCE | settings
+    return RayControl(Settings(store_path=str(tmp_path / "gs.db"), shards=1, **opts), sim_nodes(2))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -118,6 +124,33 @@ def test_a_failed_gang_member_runs_again_with_its_gang_until_its_retries_are_use
         control.close()
 
 
+@pytest.mark.parametrize("make", [_local, _ray], ids=["in-process", "ray"])
+def test_a_failed_task_waits_out_a_backoff_doubling_per_retry_before_it_runs_again(
+    tmp_path: Path, make: Callable[..., ControlPlane]
+) -> None:
+    control = make(tmp_path, failure_backoff_s=0.4, failure_backoff_max_s=0.8)
+    try:
+        control.submit_many([make_job("b").cpu("1").replicas(2).min_member(2).max_retries(3).build()])
+        _bound(control, "b")
+        waits = []
+        for retry, backoff in [(1, 0.4), (2, 0.8), (3, 0.8)]:  # doubling, then at the cap
+            failed = time.monotonic()
+            control.finished(["b/0"], TaskState.FAILED, {"b/0": "exit code 1"})
+            explained = control.explain("b")
+            assert f"run again (retry {retry} of 3) after {backoff:g}s" in explained
+            assert "backing off after a task failed; queued again in" in explained
+            # Not before its backoff: a round now places nothing, though both nodes are free.
+            control.step()
+            assert _states(control, "b")[1] == [TaskState.PENDING, TaskState.PENDING]
+            _bound(control, "b")
+            waits.append(time.monotonic() - failed)
+            assert waits[-1] >= backoff, waits
+        control.finished(["b/0"], TaskState.FAILED, {"b/0": "exit code 1"})  # no retry left
+        assert _states(control, "b")[1][0] is TaskState.FAILED
+    finally:
+        control.close()
+
+
 def test_the_retries_used_outlive_a_restart(tmp_path: Path) -> None:
     control = _local(tmp_path)
     try:
@@ -159,7 +192,7 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     flaky = f'echo "attempt $GOSCHED_ATTEMPT"; [ -e {marker} ] || {{ touch {marker}; exit 3; }}'
     with (
-        master_at(tmp_path / "g.db") as master,
+        master_at(tmp_path / "g.db", failure_backoff_s=0.2, failure_backoff_max_s=0.4) as master,
         agents_of(master, tmp_path, "n1") as (agent,),
         Client(master.target, timeout=10) as client,
     ):
@@ -168,7 +201,7 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         wait_for("flaky done", lambda: client.get("flaky").state is JobState.SUCCEEDED, timeout=30)
         assert b"".join(client.logs("flaky", 0)) == b"attempt 1\n"  # the run that succeeded, alone
         explained = client.explain("flaky")
-        assert "task 0 failed: exit code 3 (on n1); run again (retry 1 of 2)" in explained
+        assert "task 0 failed: exit code 3 (on n1); run again (retry 1 of 2) after 0.2s" in explained
         wait_for("broken failed", lambda: client.get("broken").state is JobState.FAILED, timeout=30)
         assert agent.lines.count("broken/0 failed: exit code 4") == 3, agent.lines
         explained = client.explain("broken")
