@@ -91,7 +91,7 @@ ACTOR_CPUS = 0
 # The largest call argument or result our actors send inline, in the gRPC message. Ray's default
 # is 100 KiB; anything larger goes through the shared-memory object store (create, seal, a
 # fetch through the raylet, a free later). A commit's answer carries every shard's bindings since
-# the caller's last view, so with 8 shards nearly every answer passed 100 KiB (264 KB on average,
+# the caller's last view, so with 8 shards nearly every answer passed 100 KiB (280 KB on average,
 # 8 segments, at batches of 512); through the store each cost about 1.5 ms more of wall time and
 # 1-1.4 ms of the raylet's CPU (docs/benchmarks.md, eighteenth session). Set per actor, through
 # its environment, because Ray reads it at each worker's start: it holds on a cluster this
