@@ -925,8 +925,8 @@ class Dispatcher:
                     claimed[0] -= claim[0]
                     claimed[1] -= claim[1]
                     claimed[2] -= claim[2]
-                if rec.n_pending:
-                    self._enqueue(rec)
+                if rec.n_pending:  # tasks that became pending meanwhile (a failed one: its backoff)
+                    self._wait_or_enqueue(rec, now)
                 else:
                     # Every task is placed: the reasons of earlier attempts no longer say anything.
                     rec.note = ""
@@ -1010,7 +1010,8 @@ class Dispatcher:
                 rec.unsched = True
                 if not rec.n_scheduled:
                     self._resolve(rec, now, backoff=True)
-                    self._reservations.on_unschedulable(rec, item.diagnosis, now, self)
+                    if not rec.failed_backoff:  # one that waits out a failure takes no reservation
+                        self._reservations.on_unschedulable(rec, item.diagnosis, now, self)
             if rec.where is PARKED and (item.settling or self._refused_near(rec.last_shard)):
                 # Parked just now (or by the reply, for a gang placed in part); the verdict may
                 # change once the shard's placements are answered: retry when the backoff ends.
@@ -1113,8 +1114,9 @@ class Dispatcher:
         gone = set(released)
         counted = [tid for tid in retried if tid in gone]  # the binder held them: none ended otherwise
         told: dict[str, str] = {}
-        wait: dict[str, float] = {}  # per job: the longest backoff of its tasks failed now
+        waiting: dict[str, JobRecord] = {}  # jobs with a backoff to wait out
         base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
+        now = self.clock()
         for tid in counted:
             job_id, index = split_task_id(tid)
             rec = self._jobs[job_id]
@@ -1123,7 +1125,9 @@ class Dispatcher:
             if why:
                 told[tid] = why
             delay = backoff_delay(base, cap, used)
-            wait[job_id] = max(wait.get(job_id, 0.0), delay)
+            if delay:
+                rec.retry_at = max(rec.retry_at, now + delay)  # the longest of its failures
+                waiting[job_id] = rec
             line = failure_line(index, FAILED, why or "no reason given")
             again = f"{line}; run again (retry {used} of {rec.job.max_retries})"
             if delay:
@@ -1134,24 +1138,40 @@ class Dispatcher:
             mate = self._jobs.get(job_id)
             if mate is not None:
                 mate.disruption = f"task {index} stopped: a task of its gang failed and runs again"
-        self.on_released(released, PENDING, again=gone)
-        now = self.clock()
-        for job_id, delay in wait.items():
-            self._back_off_failed(self._jobs[job_id], now, delay)
+        self.on_released(released, PENDING, again=gone)  # an idle job parks (_wait_or_enqueue)
+        for rec in waiting.values():
+            self._back_off_failed(rec, now)
         if self.store is not None and counted:
             self.store.set_task_states([], reasons=told, retried=counted)
 
-    def _back_off_failed(self, rec: JobRecord, now: float, delay: float) -> None:
-        """A job queued again for a failed task waits out `delay` first, and then is queued whether
-        or not the cluster changed (the failure, not the room, is why it waits). A job whose other
-        tasks are in flight or parked already is left as it is: the failed task goes with them."""
-        if not delay or rec.where is not QUEUED:
+    def _back_off_failed(self, rec: JobRecord, now: float) -> None:
+        """A job with a failed task to run again is not queued before its retry_at. One already
+        queued, or parked or dormant until earlier, is parked until then; one in flight parks when
+        its unit is answered (_resolve), and one parked later than that keeps its wait."""
+        where = rec.where
+        if where is QUEUED:
+            self._queues[rec.qi].remove(rec.job_id)
+        elif where is PARKED and rec.ready_at < rec.retry_at:
+            self._backing_off -= 1  # its heap entry goes stale with the new park token
+        elif where is not DORMANT:
             return
-        self._queues[rec.qi].remove(rec.job_id)
         self._waiting -= 1
-        self._park(rec, now, delay)
+        self._park_failed(rec, now)
+
+    def _park_failed(self, rec: JobRecord, now: float) -> None:
+        """Park `rec` until its retry_at, then queue it whether or not the cluster changed (the
+        failure, not the room, is why it waits). It gives up its queue's reservation meanwhile."""
+        self._park(rec, now, rec.retry_at - now)
         rec.park_epoch = UNTRUSTED  # retried when the backoff ends, not only on a change
         rec.failed_backoff = True
+        self._reservations.release(rec)
+
+    def _wait_or_enqueue(self, rec: JobRecord, now: float) -> None:
+        """Queue `rec`, or park it while a failed task's backoff lasts."""
+        if rec.retry_at > now:
+            self._park_failed(rec, now)
+        else:
+            self._enqueue(rec)
 
     def on_started(self, task_ids: Iterable[str]) -> list[str]:
         """Tasks whose process started on their node: bound -> running. Tasks in any other state
@@ -1340,9 +1360,12 @@ class Dispatcher:
             delay = backoff_delay(
                 self.settings.retry_backoff_s, self.settings.retry_backoff_max_s, rec.failures
             )
-            self._park(rec, now, delay)
+            if rec.retry_at > now + delay:  # a failed task's backoff is the longer wait
+                self._park_failed(rec, now)
+            else:
+                self._park(rec, now, delay)
             return
-        self._enqueue(rec)
+        self._wait_or_enqueue(rec, now)
 
     def _maybe_finish(self, rec: JobRecord) -> None:
         """Drop the record of a job whose every task has ended, keeping a small summary."""
@@ -1373,7 +1396,7 @@ class Dispatcher:
 
     def _requeue_if_idle(self, rec: JobRecord) -> None:
         if rec.where is IDLE and rec.n_pending and not rec.cancelled:
-            self._enqueue(rec)
+            self._wait_or_enqueue(rec, self.clock())
 
     def _enqueue(self, rec: JobRecord) -> None:
         rec.where = QUEUED
@@ -1415,6 +1438,7 @@ class Dispatcher:
                 self._unpark(rec)
 
     def _unpark(self, rec: JobRecord) -> None:
+        # Never before a failed task's backoff ends: _back_off_failed parked it until then.
         rec.where = QUEUED
         self._queues[rec.qi].push(rec)
 

@@ -59,6 +59,7 @@ class JobRecord:
         "qi",
         "queue",
         "ready_at",
+        "retry_at",
         "seq",
         "shard",
         "states",
@@ -103,7 +104,9 @@ class JobRecord:
         self.last_shard = -1
         self.ready_at = 0.0  # end of the backoff (parked) or of the dormant wait
         self.parked_at = 0.0
-        self.failed_backoff = False  # parked to wait out a failed task's backoff, not for room
+        # Not queued before this moment: a failed task's backoff (Dispatcher._wait_or_enqueue).
+        self.retry_at = 0.0
+        self.failed_backoff = False  # parked for that backoff, not for room
         # Cluster epochs (see Dispatcher.notify_cluster_changed): the latest one the shard's verdict on
         # the unit in flight can be trusted to have seen, and the one the job's parking is measured by.
         self.trust_epoch = 0
@@ -207,6 +210,7 @@ def queued_records(
         rec.claim = None
         rec.shard = rec.last_shard = -1
         rec.ready_at = rec.parked_at = 0.0
+        rec.retry_at = 0.0
         rec.failed_backoff = False
         rec.trust_epoch = rec.park_epoch = rec.park_token = 0
         rec.cancelled = False

@@ -102,6 +102,12 @@ class Reservations:
                 out[qi] = rec
         return out
 
+    def release(self, rec: JobRecord) -> None:
+        """`rec` waits out a failed task's backoff: it gives up its queue's reservation, if it holds
+        it (the queue must not wait on a job that cannot start before its backoff ends)."""
+        if self.held[rec.qi] is rec:
+            self.held[rec.qi] = None
+
     def forget(self, job_id: str) -> None:
         """The job has ended: drop what is kept of it."""
         self.futile.discard(job_id)

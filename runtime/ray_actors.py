@@ -88,17 +88,18 @@ CommitAnswer = tuple[str, bytes, list[bytes], int, bool]
 
 # Actor options: no CPU reservation (the actors must never wait for a CPU slot on a small machine).
 ACTOR_CPUS = 0
-# The largest call argument or result our actors send inline, in the gRPC message. Ray's default
-# is 100 KiB; anything larger goes through the shared-memory object store (create, seal, a
-# fetch through the raylet, a free later). A commit's answer carries every shard's bindings since
-# the caller's last view, so with 8 shards nearly every answer passed 100 KiB (280 KB on average,
-# 8 segments, at batches of 512); through the store each cost about 1.5 ms more of wall time and
-# 1-1.4 ms of the raylet's CPU (docs/benchmarks.md, eighteenth session). Set per actor, through
-# its environment, because Ray reads it at each worker's start: it holds on a cluster this
-# process joins as well as on the one it starts.
+# The largest call argument or result Ray sends inline, in the gRPC message. Ray's default is
+# 100 KiB; anything larger goes through the shared-memory object store (create, seal, a fetch
+# through the raylet, a free later). A commit's answer carries every shard's bindings since the
+# caller's last view, so with 8 shards nearly every answer passed 100 KiB (280 KB on average, 8
+# segments, at batches of 512); through the store each cost about 1.5 ms more of wall time and
+# 1-1.4 ms of the raylet's CPU (docs/benchmarks.md, eighteenth session). Ray reads it from each
+# process's environment when the process starts: a local Ray started by ray_cluster gets it, and
+# a cluster's nodes get it from their `ray start` (deploy/ray-cluster.yaml). Not set per actor
+# through runtime_env: a runtime environment that fails to set up marks the actor dead whatever
+# its max_restarts, and the binder's and the dispatcher's restarts must not depend on it.
 INLINE_BYTES = 8 * 2**20  # under Ray's 10 MiB cap on a call's inlined arguments
 INLINE_ENV = "RAY_max_direct_call_object_size"
-ACTOR_ENV = {"env_vars": {INLINE_ENV: str(INLINE_BYTES)}}
 # Latencies kept for the API's histogram between two scrapes (beyond this, the rest are dropped).
 LATENCY_KEEP = 100_000
 _TASK_INDEXES = itemgetter(2)  # of an AcceptedRow
@@ -779,13 +780,12 @@ def _decode_changes(data: bytes) -> tuple[list[Change], int, bool]:
 
 def actor_options() -> dict[str, Any]:
     """ray.remote's options for every actor of the control plane."""
-    return {"num_cpus": ACTOR_CPUS, "max_restarts": -1, "runtime_env": ACTOR_ENV}
+    return {"num_cpus": ACTOR_CPUS, "max_restarts": -1}
 
 
 def make_actor_classes() -> tuple[Any, Any, Any]:
     """The Ray actor classes (dispatcher, binder, shard). Shards and the binder restart without
-    limit; every actor is created with num_cpus=0 so that none waits for a CPU slot, and sends
-    its messages inline up to INLINE_BYTES (Ray merges ACTOR_ENV into the job's environment)."""
+    limit; every actor is created with num_cpus=0 so that none waits for a CPU slot."""
     options = actor_options()
     dispatcher = ray.remote(**options)(DispatcherCore)
     binder = ray.remote(**options)(BinderCore)

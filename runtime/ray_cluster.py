@@ -45,7 +45,7 @@ from gosched.common.job import Job
 from gosched.common.node import Node, keep_operator_states
 from gosched.common.states import TaskState
 from gosched.runtime.control import SchedulerFailure, describe_error
-from gosched.runtime.ray_actors import IN_MEMORY, NamedActor, make_actor_classes
+from gosched.runtime.ray_actors import IN_MEMORY, INLINE_BYTES, INLINE_ENV, NamedActor, make_actor_classes
 
 # Seconds an idle shard waits before it asks the dispatcher again while others are still busy.
 IDLE_POLL_S = 0.005
@@ -209,6 +209,10 @@ def _start_ray(address: str | None, **options: Any) -> None:
     grpc is imported, prevents that."""
     if address is not None:
         _check_reachable(address)
+    else:
+        # Inherited by the Ray processes the local start makes (see ray_actors.INLINE_BYTES); a
+        # value set already stands.
+        os.environ.setdefault(INLINE_ENV, str(INLINE_BYTES))
     for attempt in range(1, RAY_START_TRIES + 1):
         before = _ray_children() if address is None else {}
         try:

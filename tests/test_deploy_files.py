@@ -146,6 +146,17 @@ def test_ray_up_installs_and_starts_exactly_the_units(key: str, tmp_path: Path) 
     assert lines[order[0]].endswith("|| true")  # a first run has no units to stop
 
 
+@pytest.mark.parametrize("key", sorted(ROLES))
+def test_every_node_starts_ray_with_the_actors_inline_limit(key: str) -> None:
+    """Ray reads the limit from each process's environment at its start, so each node's `ray
+    start` sets it, to the value a local start sets (ray_actors.INLINE_BYTES)."""
+    from gosched.runtime.ray_actors import INLINE_BYTES, INLINE_ENV
+
+    lines = cluster()[key]
+    words = shlex.split(lines[index(lines, r"/bin/ray start ")])
+    assert words[0] == f"{INLINE_ENV}={INLINE_BYTES}" and words[1].endswith("/bin/ray")
+
+
 @pytest.mark.parametrize(
     ("key", "address"), [("head_start_ray_commands", "127.0.0.1"), ("worker_start_ray_commands", "10.9.8.7")]
 )

@@ -55,17 +55,19 @@ def _in_object_store() -> int:
     return int(line.split(",")[1].split()[0])
 
 
-def test_the_actors_answer_large_calls_inline_not_through_the_object_store() -> None:
-    """A commit's answer with 8 shards passes Ray's 100 KiB default: the actors' options keep such
-    an answer in the call's reply (the object store holds one while its ref lives)."""
+def test_a_local_start_has_large_answers_sent_inline_not_through_the_object_store() -> None:
+    """A commit's answer with 8 shards passes Ray's 100 KiB default: the local Ray this module
+    started (as the runtime starts it) keeps such an answer in the call's reply. An actor given
+    Ray's default back sends it through the object store (which holds it while its ref lives)."""
     size = 2**20
     assert size < ray_actors.INLINE_BYTES
     ours = ray.remote(**ray_actors.actor_options())(_Answers).remote()
-    plain = ray.remote(num_cpus=0)(_Answers).remote()  # Ray's default limit
+    default = {"env_vars": {ray_actors.INLINE_ENV: str(100 * 1024)}}
+    plain = ray.remote(num_cpus=0, runtime_env=default)(_Answers).remote()
     before = _in_object_store()
     kept = ours.answer.remote(size)
     ray.wait([kept])
-    assert _in_object_store() == before  # the actor's answer: inline
+    assert _in_object_store() == before  # inline, within INLINE_BYTES
     assert ray.get(kept) == b"x" * size
     held = plain.answer.remote(size)
     ray.wait([held])

@@ -1,0 +1,162 @@
+"""A failed task run again (max_retries) waits out its backoff whatever state its job is in when
+the failure comes: idle, queued, parked or dormant as unschedulable, or in flight (its unit then
+bound or found unschedulable). Dispatcher level, on a clock the test moves; the end-to-end runs,
+on both control planes and a real agent, are in test_task_retries.py."""
+
+from collections.abc import Callable
+
+import pytest
+
+from gosched.common.config import QueueConfig
+from gosched.common.job import task_id
+from gosched.common.messages import BUSY_REASON_PREFIX, Diagnosis, Unit, Unschedulable
+from gosched.common.states import TaskState
+from gosched.dispatcher.dispatcher import Dispatcher
+from gosched.dispatcher.records import DORMANT, IDLE, INFLIGHT, PARKED, QUEUED, Where
+from tests.builders import make_job
+from tests.test_dispatcher_support import (
+    CPU,
+    GI,
+    Clock,
+    accept,
+    accept_tasks,
+    dispatcher,
+    units,
+    unschedulable,
+)
+
+BACKOFF = 10.0  # Settings' default failure_backoff_s
+
+
+def _round(d: Dispatcher, *, change: bool = True) -> list[tuple[int, ...]]:
+    """One round: the task indexes of job j's units it dispatches. A change first (unless not
+    asked): a dormant job would go, so only the failure's backoff can hold it."""
+    if change:
+        d.notify_cluster_changed()
+    return [u.task_indexes for u in units(d.next_batches()) if u.job.id == "j"]
+
+
+def _fail(d: Dispatcher, index: int) -> None:
+    tid = task_id("j", index)
+    assert d.retryable([tid]) == [tid]
+    d.on_retried([tid], [tid], {tid: "exit code 1"})
+
+
+def _both_bound(d: Dispatcher, clock: Clock) -> None:
+    (u,) = units(d.next_batches())
+    d.on_reply(accept([u]))
+
+
+def _idle(d: Dispatcher, clock: Clock) -> Callable[[], None] | None:
+    _both_bound(d, clock)
+    return None
+
+
+def _queued(d: Dispatcher, clock: Clock) -> Callable[[], None] | None:
+    _both_bound(d, clock)
+    d.on_released([task_id("j", 1)], TaskState.PREEMPTED)  # evicted: queued again at once
+    return None
+
+
+def _parked(d: Dispatcher, clock: Clock) -> Callable[[], None] | None:
+    (u,) = units(d.next_batches())
+    d.on_reply(accept_tasks("j", [0]))
+    d.on_unschedulable([unschedulable(u, [1])])  # task 1 backs off 0.05 s as unschedulable
+    return None
+
+
+def _dormant(d: Dispatcher, clock: Clock) -> Callable[[], None] | None:
+    _queued(d, clock)
+    for _ in range(2):  # the second verdict is judged on a view that saw the eviction
+        (u,) = [u for u in units(d.next_batches()) if u.job.id == "j"]
+        d.on_unschedulable([unschedulable(u)])  # task 1 fits nowhere
+        clock.advance(1.0)
+    assert _round(d, change=False) == []  # its backoff is over, nothing changed: dormant
+    return None
+
+
+def _in_flight(d: Dispatcher, clock: Clock) -> Unit:
+    _queued(d, clock)
+    (u,) = [u for u in units(d.next_batches()) if u.job.id == "j"]  # task 1's unit is out
+    return u
+
+
+def _in_flight_then_bound(d: Dispatcher, clock: Clock) -> Callable[[], None]:
+    u = _in_flight(d, clock)
+    return lambda: d.on_reply(accept([u]))
+
+
+def _in_flight_then_unschedulable(d: Dispatcher, clock: Clock) -> Callable[[], None]:
+    u = _in_flight(d, clock)
+    return lambda: d.on_unschedulable([unschedulable(u)])
+
+
+@pytest.mark.parametrize(
+    ("setup", "where", "then_dispatched"),
+    [
+        (_idle, IDLE, (0,)),
+        (_queued, QUEUED, (0, 1)),
+        (_parked, PARKED, (0, 1)),
+        (_dormant, DORMANT, (0, 1)),
+        (_in_flight_then_bound, INFLIGHT, (0,)),
+        (_in_flight_then_unschedulable, INFLIGHT, (0, 1)),
+    ],
+    ids=["idle", "queued", "parked", "dormant", "in-flight-then-bound", "in-flight-then-unschedulable"],
+)
+def test_a_failed_task_waits_its_backoff_whatever_its_job_was_doing(
+    setup: Callable[[Dispatcher, Clock], Callable[[], None] | None],
+    where: Where,
+    then_dispatched: tuple[int, ...],
+) -> None:
+    d, clock = dispatcher(shards=1)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").replicas(2).min_member(1).max_retries(5).build())
+    answer = setup(d, clock)
+    assert d._jobs["j"].where is where
+    _fail(d, 0)
+    if answer is not None:
+        answer()  # the unit in flight is answered after the failure
+    explained = d.explain("j")
+    assert f"run again (retry 1 of 5) after {BACKOFF:g}s" in explained
+    assert "backing off after a task failed; queued again in" in explained
+    clock.advance(BACKOFF - 0.1)
+    assert _round(d) == []  # not before its backoff, though the cluster changed
+    clock.advance(0.2)
+    assert _round(d) == [then_dispatched]
+
+
+def test_the_longest_backoff_of_a_jobs_failed_tasks_counts() -> None:
+    """Task 1 fails on its 4th retry (80 s) while the job already waits 10 s for task 0's first."""
+    d, clock = dispatcher(shards=1)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").replicas(2).min_member(1).max_retries(9).build())
+    _both_bound(d, clock)
+    _fail(d, 0)
+    for _ in range(3):  # task 1's retries before: counted as if run
+        d._retried[task_id("j", 1)] = d._retried.get(task_id("j", 1), 0) + 1
+    _fail(d, 1)
+    assert "run again (retry 4 of 9) after 1m20s" in d.explain("j")
+    clock.advance(BACKOFF + 0.1)
+    assert _round(d) == []
+    clock.advance(80.0 - BACKOFF)
+    assert _round(d) == [(0, 1)]
+
+
+def test_a_reservation_holder_that_fails_frees_its_queue_while_it_backs_off() -> None:
+    """A gang that waited and reserved its queue starts, then a task fails: during its backoff
+    the queue does not wait for it."""
+    queue = QueueConfig(name="q", reserve_after_s=0)
+    d, clock = dispatcher(queue, shards=1)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").replicas(2).min_member(2).max_retries(5).queue("q").build())
+    (u,) = units(d.next_batches())
+    busy = Diagnosis(total_nodes=10, ruled_out={f"{BUSY_REASON_PREFIX}cpu": 10})  # room may come
+    d.on_unschedulable([Unschedulable("j", u.task_indexes, busy, u.attempt, False)])
+    assert "holds queue q's reservation" in d.explain("j")
+    clock.advance(1.0)
+    (u,) = [v for v in units(d.next_batches()) if v.job.id == "j"]
+    d.on_reply(accept([u]))  # it starts: both tasks bound
+    _fail(d, 0)  # its gang goes back whole, to wait 10 s
+    assert "reservation" not in d.explain("j")
+    d.submit(make_job("s").cpu("1").queue("q").build())
+    assert [v.job.id for v in units(d.next_batches())] == ["s"]  # not held behind j
