@@ -40,9 +40,10 @@ class RunResult:
     # CPU seconds per component's processes during the run (Ray: each actor is a process; with a
     # rate, the dispatcher's includes taking the submissions)
     component_cpu_s: dict[str, float] = field(default_factory=dict)
-    # Ray: CPU seconds of each serial part's one busy thread (the dispatcher's and the binder's
-    # call threads, the binder's store writer, the busiest shard's call thread). With a core each,
-    # a part whose thread is busy the whole run caps the throughput at tasks / these seconds.
+    # Ray: CPU seconds of each serial part (the dispatcher's call thread; the binder's call thread
+    # and the thread that takes its writer's acks, which share the interpreter's lock; the
+    # binder's store writer; the busiest shard's call thread). With a core each, a part busy the
+    # whole run caps the throughput at tasks / these seconds.
     serial_cpu_s: dict[str, float] = field(default_factory=dict)
     # Ray: CPU seconds of Ray's own daemons on this machine during the run (raylet, GCS, ...)
     ray_daemons_cpu_s: float | None = None
@@ -172,6 +173,9 @@ def _serial_cpu_s(
 
     parts: tuple[str, ...] = ("dispatcher", "binder")
     serial = {part: spent(part, "call_cpu_s") for part in parts if part in after}
+    if "binder" in after:
+        # Its ack thread takes the interpreter's lock in turn with the call thread: one serial part.
+        serial["binder"] += spent("binder", "acks_cpu_s")
     if "binder" in after and "writer_cpu_s" in after["binder"]:
         serial["writer"] = spent("binder", "writer_cpu_s")
     shards = [spent(name, "call_cpu_s") for name in after if name.startswith("shard")]

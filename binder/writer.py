@@ -104,6 +104,17 @@ class StoreWriter:
     def pid(self) -> int:
         return self._proc.pid
 
+    def ack_thread_cpu_s(self) -> float:
+        """CPU seconds of this process's thread that reads the acks and runs the callbacks (0 once
+        it has ended): it shares the interpreter's lock with the thread that sends the frames."""
+        ident = self._reader.ident
+        if ident is None or not self._reader.is_alive():
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except OSError:  # ended between the check and the read
+            return 0.0
+
     @property
     def alive(self) -> bool:
         return self._proc.poll() is None

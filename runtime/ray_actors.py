@@ -510,6 +510,9 @@ class BinderCore:
         cpu_s, rss_mib, peak_mib = child_stats(self.writer.pid)
         stats["cpu_s"] += cpu_s
         stats["writer_cpu_s"] = cpu_s
+        # The thread that takes the writer's acks and sends the dispatcher its reports holds the
+        # interpreter's lock for them, one at a time with the call thread.
+        stats["acks_cpu_s"] = self.writer.ack_thread_cpu_s()
         stats["rss_mib"] += rss_mib
         stats["peak_rss_mib"] += peak_mib
         return stats

@@ -112,6 +112,26 @@ def test_a_callback_with_nothing_in_flight_still_runs_after_the_earlier_ones(tmp
     writer.close()
 
 
+def test_the_ack_threads_cpu_counts_the_callbacks_it_runs(tmp_path: Path) -> None:
+    """The bench counts it with the binder's call thread: the callbacks' work is in it, not in
+    the thread that sent the frames."""
+    _, writer = writer_on(tmp_path, 1)
+    before, mine = writer.ack_thread_cpu_s(), time.thread_time()
+
+    def spin() -> None:  # 50 ms of CPU in the callback
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    writer.write(1, [("j0/0", "n", ())], [], 1.0)
+    writer.after_durable(spin)
+    writer.drain()
+    assert writer.ack_thread_cpu_s() - before >= 0.05
+    assert time.thread_time() - mine < 0.05  # none of it in this thread
+    writer.close()
+    assert writer.ack_thread_cpu_s() == 0.0  # its thread has ended
+
+
 def test_a_binding_of_a_task_the_store_lacks_fails_the_writer_and_is_not_written(tmp_path: Path) -> None:
     failures: list[str] = []
     db, writer = writer_on(tmp_path, 1, failures)
