@@ -6,7 +6,9 @@ writes its rows in batches (executemany); nothing commits row by row.
 
 Tables:
     meta(key PK, value)            schema_version, version (the binder's change-log version)
-    jobs(id PK, submission_id UNIQUE NULL, spec BLOB, submit_time, state)
+    jobs(id PK, submission_id UNIQUE NULL, spec BLOB, submit_time, state,
+         retry_at: unix time before which a failed task's backoff holds the job, 0: none
+         (schema version 5))
     tasks(task_id PK "job/index", job_id, idx, state, node, gpus, attempt, bound_at, updated,
           reason: why it failed, as its agent told it)
     nodes(name PK, spec BLOB, state)
@@ -33,7 +35,7 @@ from gosched.common.job import Job, split_task_id
 from gosched.common.node import Node
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, JobState, TaskState
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # One row per task, replaced by each report: the agent's count is its run's total so far.
 _RESTARTS_TABLE = """
 CREATE TABLE IF NOT EXISTS task_restarts (
@@ -53,6 +55,7 @@ _MIGRATIONS = {
     2: "ALTER TABLE tasks ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
     3: _RESTARTS_TABLE,  # _SCHEMA created it already (IF NOT EXISTS): kept as the step's record
     4: "ALTER TABLE tasks ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+    5: "ALTER TABLE jobs ADD COLUMN retry_at REAL NOT NULL DEFAULT 0",
 }
 
 Gpus = tuple[tuple[int, int], ...]
@@ -70,7 +73,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     submission_id TEXT UNIQUE,
     spec          BLOB NOT NULL,
     submit_time   REAL NOT NULL,
-    state         TEXT NOT NULL
+    state         TEXT NOT NULL,
+    retry_at      REAL NOT NULL DEFAULT 0  -- a failed task's backoff: the job waits until then
 );
 CREATE TABLE IF NOT EXISTS tasks (
     task_id  TEXT PRIMARY KEY,
@@ -167,6 +171,7 @@ WHERE task_id = ?3 AND {_LEGAL_SQL}
 """
 _SET_REASON = "UPDATE tasks SET reason = ? WHERE task_id = ?"
 _COUNT_FAILURE = "UPDATE tasks SET failures = failures + 1 WHERE task_id = ?"
+_SET_RETRY_AT = "UPDATE jobs SET retry_at = ? WHERE id = ?"
 _SET_META = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
@@ -312,7 +317,12 @@ class Store:
                     f"{self.path}: store schema version {found} is newer than this code's ({SCHEMA_VERSION})"
                 )
             for version in range(found + 1, SCHEMA_VERSION + 1):
-                c.execute(_MIGRATIONS[version])
+                try:
+                    c.execute(_MIGRATIONS[version])
+                except sqlite3.OperationalError as error:
+                    # A table the old store lacked was created above, with the column already.
+                    if "duplicate column name" not in str(error):
+                        raise
                 c.execute(_SET_META, ("schema_version", version))
 
     @contextmanager
@@ -592,17 +602,19 @@ class Store:
         now: float | None = None,
         reasons: Mapping[str, str] | None = None,
         retried: Sequence[str] = (),
+        retry_at: Mapping[str, float] | None = None,
     ) -> None:
         """Task state changes (dispatcher side: scheduled, pending, running, cancelled...), and
         `reasons` by task id: why a failed task failed, in its agent's words; `retried`: tasks whose
-        failure is run again (Job.max_retries), each counted once more in its row.
+        failure is run again (Job.max_retries), each counted once more in its row; `retry_at` by
+        job id: the unix time its failed tasks' backoff ends.
 
         Moving to pending (requeue) starts a new attempt and clears node and GPUs; other states keep
         the node the task ran on. A change applies only where the stored state may legally move
         to it (common.states.LEGAL): where the binder's writes moved the row on first, theirs
         stands (see _SET_STATE).
         """
-        if not changes and not reasons and not retried:
+        if not changes and not reasons and not retried and not retry_at:
             return
         t = time.time() if now is None else now
         with self._tx() as c:
@@ -611,6 +623,15 @@ class Store:
                 c.executemany(_SET_REASON, [(why, tid) for tid, why in reasons.items()])
             if retried:
                 c.executemany(_COUNT_FAILURE, [(tid,) for tid in retried])
+            if retry_at:
+                c.executemany(_SET_RETRY_AT, [(at, jid) for jid, at in retry_at.items()])
+
+    def load_retry_at(self, after: float) -> dict[str, float]:
+        """Per job, when its failed tasks' backoff ends, for the jobs whose backoff ends after
+        `after` (a unix time: the restart's)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT id, retry_at FROM jobs WHERE retry_at > ?", (after,)).fetchall()
+        return {str(jid): float(at) for jid, at in rows}
 
     def load_retried(self) -> dict[str, int]:
         """Per task id, how many of its failures were run again (only tasks with one or more)."""

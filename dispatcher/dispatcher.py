@@ -1142,7 +1142,8 @@ class Dispatcher:
         for rec in waiting.values():
             self._back_off_failed(rec, now)
         if self.store is not None and counted:
-            self.store.set_task_states([], reasons=told, retried=counted)
+            waits = {job_id: rec.retry_at for job_id, rec in waiting.items()}  # a restart waits them out
+            self.store.set_task_states([], reasons=told, retried=counted, retry_at=waits)
 
     def _back_off_failed(self, rec: JobRecord, now: float) -> None:
         """A job with a failed task to run again is not queued before its retry_at. One already
@@ -1474,6 +1475,8 @@ class Dispatcher:
         loaded = self.store.load_jobs()
         failures = self.store.load_failures()  # what explain said of a task failure, before
         retried = self.store.load_retried()
+        now = self.clock()
+        backoffs = self.store.load_retry_at(now)  # failed tasks' backoffs still to wait out
         updates: Updates = []
         restored = 0
         skipped_queues: set[str] = set()
@@ -1516,8 +1519,9 @@ class Dispatcher:
             if rec.n_held:
                 idx = tuple(i for i, s in enumerate(states) if s in HOLDS_RESOURCES)
                 self.usage.add_held(rec.queue, rec.tenant, *rec.cost_of(idx))
+            rec.retry_at = backoffs.get(job.id, 0.0)
             if rec.n_pending and not rec.cancelled:
-                self._enqueue(rec)
+                self._wait_or_enqueue(rec, now)
             restored += 1
         if updates:
             self.store.set_task_states(updates)

@@ -32,9 +32,11 @@ class JobStore(Protocol):
         *,
         reasons: Mapping[str, str] | None = None,
         retried: Sequence[str] = (),
+        retry_at: Mapping[str, float] | None = None,
     ) -> object:
         """Persist task states, keyed by task id ("job/index"), why failed tasks failed
-        (`reasons`, in their agents' words), and the failed tasks run again (`retried`, counted)."""
+        (`reasons`, in their agents' words), the failed tasks run again (`retried`, counted), and
+        by job id when their backoff ends (`retry_at`, unix time)."""
 
     def load_jobs(self) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
         """Every stored job with its tasks, in submission order."""
@@ -44,6 +46,9 @@ class JobStore(Protocol):
 
     def load_retried(self) -> Mapping[str, int]:
         """Per task id, how many of its failures were run again (tasks with none left out)."""
+
+    def load_retry_at(self, after: float) -> Mapping[str, float]:
+        """Per job id, when its failed tasks' backoff ends, where that is after `after`."""
 
 
 class MemoryStore:
@@ -55,6 +60,7 @@ class MemoryStore:
         self.submissions: dict[str, str] = {}
         self.failures: dict[str, str] = {}
         self.retried: dict[str, int] = {}
+        self.retry_at: dict[str, float] = {}
         self.calls: dict[str, int] = {"add_jobs": 0, "set_task_states": 0}
 
     def add_jobs(self, jobs: Sequence[Job]) -> None:
@@ -80,8 +86,10 @@ class MemoryStore:
         *,
         reasons: Mapping[str, str] | None = None,
         retried: Sequence[str] = (),
+        retry_at: Mapping[str, float] | None = None,
     ) -> None:
         self.calls["set_task_states"] += 1
+        self.retry_at.update(retry_at or {})
         for tid in retried:
             self.retried[tid] = self.retried.get(tid, 0) + 1
         for tid, state in updates:
@@ -96,6 +104,9 @@ class MemoryStore:
 
     def load_retried(self) -> dict[str, int]:
         return dict(self.retried)
+
+    def load_retry_at(self, after: float) -> dict[str, float]:
+        return {jid: at for jid, at in self.retry_at.items() if at > after}
 
     def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
         return [

@@ -13,6 +13,7 @@ from gosched.common.messages import BUSY_REASON_PREFIX, Diagnosis, Unit, Unsched
 from gosched.common.states import TaskState
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.dispatcher.records import DORMANT, IDLE, INFLIGHT, PARKED, QUEUED, Where
+from gosched.dispatcher.store import MemoryStore
 from tests.builders import make_job
 from tests.test_dispatcher_support import (
     CPU,
@@ -160,3 +161,39 @@ def test_a_reservation_holder_that_fails_frees_its_queue_while_it_backs_off() ->
     assert "reservation" not in d.explain("j")
     d.submit(make_job("s").cpu("1").queue("q").build())
     assert [v.job.id for v in units(d.next_batches())] == ["s"]  # not held behind j
+
+
+def test_a_restart_waits_out_what_is_left_of_a_backoff() -> None:
+    """The backoff's end is stored with the job: a dispatcher restarted on the same store 4 s into
+    a 10 s backoff queues the job 6 s later, not at once nor 10 s later."""
+    store = MemoryStore()  # it holds the dispatcher's writes only: the binder's (bound) are elsewhere
+    d, clock = dispatcher(shards=1, store=store)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").max_retries(5).build())
+    _both_bound(d, clock)
+    _fail(d, 0)
+    clock.advance(4.0)
+    again, _ = dispatcher(shards=1, store=store, clock=clock)
+    again.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    assert again.restore() == 1
+    assert again._jobs["j"].where is PARKED
+    assert "backing off after a task failed; queued again in 6.000s" in again.explain("j")
+    clock.advance(BACKOFF - 4.0 - 0.1)
+    assert _round(again) == []
+    clock.advance(0.2)
+    assert _round(again) == [(0,)]
+    assert store.load_retry_at(clock()) == {}  # over: a later restart queues it at once
+
+
+def test_a_restart_after_the_backoff_queues_the_job_at_once() -> None:
+    store = MemoryStore()
+    d, clock = dispatcher(shards=1, store=store)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").max_retries(1).build())
+    _both_bound(d, clock)
+    _fail(d, 0)
+    clock.advance(BACKOFF + 1.0)
+    again, _ = dispatcher(shards=1, store=store, clock=clock)
+    again.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    again.restore()
+    assert _round(again, change=False) == [(0,)]

@@ -204,7 +204,7 @@ def test_a_store_of_the_first_schema_is_brought_up_to_date(db: Path) -> None:
     )
     raw.close()
     with Store(db) as s:
-        assert s.schema_version == SCHEMA_VERSION == 4
+        assert s.schema_version == SCHEMA_VERSION == 5
         assert s.load_failures() == {}  # the old row is kept, with no reason
         assert s.task_nodes(["old/0"]) == {"old/0": ("n1", ())}
         s.add_jobs([make_job("j").cpu("1").replicas(2).build()])

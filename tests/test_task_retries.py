@@ -207,3 +207,25 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         explained = client.explain("broken")
         assert "run again (retry 1 of 2)" in explained  # the first failure, and the last:
         assert "latest: task 0 failed: exit code 4 (on n1); no retry left (of 2)" in explained
+
+
+def test_a_failed_tasks_backoff_outlives_a_restart(tmp_path: Path) -> None:
+    control = _local(tmp_path, failure_backoff_s=60, failure_backoff_max_s=60)
+    try:
+        control.submit_many([make_job("w").cpu("1").max_retries(1).build()])
+        _bound(control, "w")
+        control.finished(["w/0"], TaskState.FAILED, {"w/0": "exit code 1"})
+        failed = time.time()
+    finally:
+        control.close()
+    with Store(tmp_path / "gs.db") as store:
+        (ends,) = store.load_retry_at(failed).values()
+        assert failed + 59 < ends <= failed + 60
+    again = _local(tmp_path, failure_backoff_s=60, failure_backoff_max_s=60)
+    try:
+        assert "backing off after a task failed; queued again in 5" in again.explain("w")  # 59.x s
+        for _ in range(3):  # both nodes are free, but the backoff holds
+            again.step()
+        assert _states(again, "w") == (JobState.PENDING, [TaskState.PENDING])
+    finally:
+        again.close()
