@@ -165,6 +165,15 @@ def submit(
         int | None,
         typer.Option("--max-retries", help="Times each task is run again after it fails (default 0)."),
     ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            "--deadline",
+            help="When the job must be done by: ISO-8601 (2027-01-01T09:00:00Z), unix seconds, or "
+            "now+DURATION (now+6h). A job that could no longer end by it (--time from now) is cancelled, "
+            "not started, as Slurm's --deadline; one that already could not is refused.",
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end: exit 0 if it succeeded, 1 if not.")
     ] = False,
@@ -206,6 +215,7 @@ def submit(
         submission_id=submission_id,
         time_limit=time_limit,
         max_retries=max_retries,
+        deadline=deadline,
     )
     with _client(master, tls_ca, tls_cert, tls_key, token_file, submitting=True) as client:
         spec = build_spec(file, flags, sys.stdin)

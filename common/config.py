@@ -179,6 +179,10 @@ class Settings(BaseSettings):
     # started again and again without a pause (Kubernetes' restart backoff: 10 s doubling to 5 min).
     failure_backoff_s: float = Field(default=10.0, ge=0.0)
     failure_backoff_max_s: float = Field(default=300.0, ge=0.0)
+    # A job with a deadline that could no longer end by it (started now, its time_limit would run
+    # past it; without one, the deadline itself has passed) is not started but cancelled, and one
+    # submitted so is refused, as Slurm's --deadline. False: deadlines only order a deadline queue.
+    end_missed_deadlines: bool = True
     # The master process (gosched master / up).
     runtime: Literal["ray", "local"] = "ray"  # components as Ray actors, or all in the master process
     ray_address: str | None = None  # join this Ray cluster; None: this machine's if one runs, else start one

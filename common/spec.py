@@ -17,8 +17,11 @@ Job spec (every key optional unless marked)::
     preemptible: true
     kind: batch                # batch | service
     deadline: 1735689600.0     # unix seconds or ISO-8601 ("2025-01-01T00:00:00Z"; no zone: UTC; an
-                               #   unquoted YAML date/time works too); when `now` is given, after it
-                               #   and not after 9999-12-31T23:59:59Z
+                               #   unquoted YAML date/time works too), or "now+2h" (a duration as
+                               #   time_limit takes it, from `now`); when `now` is given, after it
+                               #   and not after 9999-12-31T23:59:59Z. A job that could no longer end
+                               #   by it (its time_limit from now would pass it) is not started
+                               #   but cancelled, and refused at submission (Settings.end_missed_deadlines)
     labels: {team: vision}     # Kubernetes label syntax
     disruption_budget: 2       # int >= 0, or null: no limit
     time_limit: 1h30m          # how long each task may run from its start (then it is stopped and
@@ -774,11 +777,15 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
         moment = value
     elif isinstance(value, date):  # and an unquoted date (2030-01-01) as this: its midnight
         moment = datetime(value.year, value.month, value.day)
+    elif isinstance(value, str) and value.strip().startswith("now+"):  # Slurm's now+<count><unit>
+        base = time.time() if now is None else now
+        return _deadline(base + _duration_text(value.strip()[4:], path), path, now)
     elif isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
-            _fail(path, f"{_short(value)} is not an ISO-8601 time (give unix seconds as a number)")
+            hint = "give unix seconds as a number, or now+DURATION as now+2h"
+            _fail(path, f"{_short(value)} is not an ISO-8601 time ({hint})")
     if moment is not None:
         if moment.tzinfo is None:  # a zone-less time or date is read as UTC, not as this machine's zone
             moment = moment.replace(tzinfo=UTC)

@@ -6,15 +6,16 @@ writes its rows in batches (executemany); nothing commits row by row.
 
 Tables:
     meta(key PK, value)            schema_version, version (the binder's change-log version)
-    jobs(id PK, submission_id UNIQUE NULL, spec BLOB, submit_time, state,
-         retry_at: unix time before which a failed task's backoff holds the job, 0: none
-         (schema version 5))
+    jobs(id PK, submission_id UNIQUE NULL, spec BLOB, submit_time, state)
     tasks(task_id PK "job/index", job_id, idx, state, node, gpus, attempt, bound_at, updated,
           reason: why it failed, as its agent told it)
     nodes(name PK, spec BLOB, state)
     task_restarts((job_id, idx) PK, attempt, restarts, last_reason, last_time, node, noted)
                                    what a task's node agent said of restarting it, in one attempt
                                    (schema version 3); `noted`: when the master took it
+    backoffs(job_id PK, retry_at)  when a failed task's backoff ends, in unix time: the job is not
+                                   queued before (schema version 5); a row per job that failed
+                                   once, not a column every job's row would carry
 
 Specs are encoded with gosched.common.codec. A task's GPUs are stored as text "0:1000,3:500".
 """
@@ -50,12 +51,18 @@ CREATE TABLE IF NOT EXISTS task_restarts (
     PRIMARY KEY (job_id, idx)
 ) WITHOUT ROWID
 """
+_BACKOFFS_TABLE = """
+CREATE TABLE IF NOT EXISTS backoffs (
+    job_id   TEXT PRIMARY KEY,
+    retry_at REAL NOT NULL
+) WITHOUT ROWID
+"""
 # Steps that bring a store of an older schema up to the next version, by the version they reach.
 _MIGRATIONS = {
     2: "ALTER TABLE tasks ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
     3: _RESTARTS_TABLE,  # _SCHEMA created it already (IF NOT EXISTS): kept as the step's record
     4: "ALTER TABLE tasks ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
-    5: "ALTER TABLE jobs ADD COLUMN retry_at REAL NOT NULL DEFAULT 0",
+    5: _BACKOFFS_TABLE,  # as 3
 }
 
 Gpus = tuple[tuple[int, int], ...]
@@ -73,8 +80,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     submission_id TEXT UNIQUE,
     spec          BLOB NOT NULL,
     submit_time   REAL NOT NULL,
-    state         TEXT NOT NULL,
-    retry_at      REAL NOT NULL DEFAULT 0  -- a failed task's backoff: the job waits until then
+    state         TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tasks (
     task_id  TEXT PRIMARY KEY,
@@ -97,7 +103,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     spec  BLOB NOT NULL,
     state TEXT NOT NULL
 );
-{_RESTARTS_TABLE}
+{_RESTARTS_TABLE};
+{_BACKOFFS_TABLE}
 """
 
 _INSERT_JOB = "INSERT INTO jobs (id, submission_id, spec, submit_time, state) VALUES (?, ?, ?, ?, ?)"
@@ -171,7 +178,10 @@ WHERE task_id = ?3 AND {_LEGAL_SQL}
 """
 _SET_REASON = "UPDATE tasks SET reason = ? WHERE task_id = ?"
 _COUNT_FAILURE = "UPDATE tasks SET failures = failures + 1 WHERE task_id = ?"
-_SET_RETRY_AT = "UPDATE jobs SET retry_at = ? WHERE id = ?"
+_SET_RETRY_AT = (
+    "INSERT INTO backoffs (job_id, retry_at) VALUES (?, ?) "
+    "ON CONFLICT (job_id) DO UPDATE SET retry_at = excluded.retry_at"
+)
 _SET_META = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
@@ -317,12 +327,7 @@ class Store:
                     f"{self.path}: store schema version {found} is newer than this code's ({SCHEMA_VERSION})"
                 )
             for version in range(found + 1, SCHEMA_VERSION + 1):
-                try:
-                    c.execute(_MIGRATIONS[version])
-                except sqlite3.OperationalError as error:
-                    # A table the old store lacked was created above, with the column already.
-                    if "duplicate column name" not in str(error):
-                        raise
+                c.execute(_MIGRATIONS[version])
                 c.execute(_SET_META, ("schema_version", version))
 
     @contextmanager
@@ -624,13 +629,15 @@ class Store:
             if retried:
                 c.executemany(_COUNT_FAILURE, [(tid,) for tid in retried])
             if retry_at:
-                c.executemany(_SET_RETRY_AT, [(at, jid) for jid, at in retry_at.items()])
+                c.executemany(_SET_RETRY_AT, list(retry_at.items()))
 
     def load_retry_at(self, after: float) -> dict[str, float]:
         """Per job, when its failed tasks' backoff ends, for the jobs whose backoff ends after
         `after` (a unix time: the restart's)."""
         with self._lock:
-            rows = self._conn.execute("SELECT id, retry_at FROM jobs WHERE retry_at > ?", (after,)).fetchall()
+            rows = self._conn.execute(
+                "SELECT job_id, retry_at FROM backoffs WHERE retry_at > ?", (after,)
+            ).fetchall()
         return {str(jid): float(at) for jid, at in rows}
 
     def load_retried(self) -> dict[str, int]:

@@ -63,6 +63,7 @@ from gosched.common.spec import format_duration, generated_job_id
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState, check_transition
 from gosched.dispatcher.admission import AdmissionController
 from gosched.dispatcher.capacity import EPS, NOT_ELIGIBLE, CapacityPlanner
+from gosched.dispatcher.deadlines import DeadlineWatch, missed_note, start_by_note, too_late
 from gosched.dispatcher.group_interner import GroupInterner
 from gosched.dispatcher.partition import Partitioner
 from gosched.dispatcher.queues import HeapQueue, PolicyQueue, make_queue
@@ -186,6 +187,8 @@ class Dispatcher:
         # counting it would stop the units behind it from reclaiming, failure after failure.
         self._claims: list[list[int]] = [[0, 0, 0] for _ in settings.queues]
         self._tenant_jobs: dict[str, int] = {}  # jobs not yet ended per tenant (admission's limit)
+        # Jobs with a deadline, cancelled once they could no longer end by it (Settings.end_missed_deadlines).
+        self._deadlines = DeadlineWatch()
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -215,6 +218,8 @@ class Dispatcher:
         given: tuple[TaskGroup, ...] | None = None
         groups: tuple[TaskGroup, ...] = ()
         total = 0
+        ends_missed = self.settings.end_missed_deadlines
+        dated = False  # some job has a deadline to watch (one with a deadline takes the whole way)
         for k, job in enumerate(jobs):
             # The usual job, checked here as _check_new checks it: its groups the previous job's
             # (the same tuple, as in a pickled batch, or one of the same group objects, as the API
@@ -229,6 +234,7 @@ class Dispatcher:
                 and total >= 1
                 and 1 <= job.min_member <= total
                 and not job.submission_id
+                and job.deadline is None
                 and job.id not in active
                 and job.id not in finished
                 and job.id not in unqueued
@@ -246,6 +252,11 @@ class Dispatcher:
                 groups, total = self._shared_groups(job)
                 given = g if type(g) is tuple else None
                 first = self._check_new(job, total, batch_subs, batch_ids)
+                if first is None and job.deadline is not None and ends_missed:
+                    why = too_late(job, now)  # a repeat of a submission answers with its first job
+                    if why is not None:
+                        raise SpecError("deadline", why)
+                    dated = True
             except SpecError as exc:
                 if len(jobs) == 1:
                     raise
@@ -277,7 +288,7 @@ class Dispatcher:
                     field = f"jobs[{at[0]}].{field}"  # which of the batch
                 raise SpecError(field, f"{exc.reason} (ids must be new: it already exists)") from exc
         self.admission.take(tokens)
-        self._register(new, totals, rows)
+        self._register(new, totals, rows, dated)
         return ids
 
     def _shared_groups(self, job: Job) -> tuple[tuple[TaskGroup, ...], int]:
@@ -342,10 +353,15 @@ class Dispatcher:
             raise SpecError("min_member", f"job {job.id}: min_member {job.min_member} not in 1..{total}")
 
     def _register(
-        self, jobs: list[Job], totals: list[int], rows: list[tuple[Any, ...]] | None = None
+        self,
+        jobs: list[Job],
+        totals: list[int],
+        rows: list[tuple[Any, ...]] | None = None,
+        dated: bool = False,
     ) -> None:
         """Make the records of `jobs` just admitted (`totals`: their task counts, every task
-        pending; `rows`: each job's field values, kept for its batches) and queue them in order."""
+        pending; `rows`: each job's field values, kept for its batches) and queue them in order.
+        `dated`: some have a deadline that may cancel them (end_missed_deadlines)."""
         qis = list(map(self._queue_index.__getitem__, map(_QUEUE, jobs)))
         recs = queued_records(jobs, self._seq, qis, totals, rows)  # every task pending, QUEUED
         self._seq += len(recs)
@@ -365,6 +381,10 @@ class Dispatcher:
             for qi in dict.fromkeys(qis):
                 self._queues[qi].push_many([rec for rec in recs if rec.qi == qi])
         self._waiting += len(recs)
+        if dated:
+            for rec in recs:
+                if rec.job.deadline is not None:
+                    self._deadlines.watch(rec.job, rec.seq)
 
     # -- dispatching ---------------------------------------------------------------------------------
     def next_batches(
@@ -389,6 +409,8 @@ class Dispatcher:
             self.notify_cluster_changed()
         if self._parked or self._dormant:
             self._release_parked(now)
+        if self._deadlines:
+            self._end_missed(now)
         n_shards = self.partitions.shards
         self._ensure_shards(n_shards)
         if shard_loads is None:
@@ -1191,8 +1213,9 @@ class Dispatcher:
             self.store.set_task_states(updates)
         return moved
 
-    def cancel(self, job_id: str) -> list[str]:
+    def cancel(self, job_id: str, note: str = "cancelled") -> list[str]:
         """Cancel a job: every task not yet finished becomes cancelled now and leaves usage.
+        `note`: what explain tells of it.
 
         Returns the ids of the tasks that were holding resources: the caller frees them at the
         binder (a later on_released for them is a no-op). Cancelling twice returns [] the second time.
@@ -1220,7 +1243,7 @@ class Dispatcher:
         self._apply(rec, [(i, CANCELLED) for i, s in enumerate(rec.states) if s not in TERMINAL], updates)
         if rec.where is INFLIGHT:
             self._resolve(rec, self.clock(), backoff=False)
-        rec.note = "cancelled"
+        rec.note = note
         self._maybe_finish(rec)
         if holding:
             self.notify_cluster_changed()
@@ -1403,6 +1426,27 @@ class Dispatcher:
         rec.where = QUEUED
         self._queues[rec.qi].push(rec)
         self._waiting += 1
+        late = self._deadlines.late
+        if late and rec.job_id in late:
+            self._deadlines.returned(rec.job_id)
+
+    @staticmethod
+    def _not_started(rec: JobRecord) -> bool:
+        """Whether a deadline may still cancel the job: tasks to place, none holding resources."""
+        return bool(rec.n_pending) and not rec.n_held and not rec.cancelled
+
+    def _end_missed(self, now: float) -> None:
+        """Cancel the jobs that could no longer end by their deadline and have not started. One
+        that holds resources or has a unit in flight is looked at again when it waits again."""
+        jobs = self._jobs
+        for job_id in self._deadlines.due(now):
+            rec = jobs.get(job_id)
+            if rec is None or rec.cancelled:
+                continue
+            if rec.where is INFLIGHT or rec.n_held or rec.n_scheduled:
+                self._deadlines.keep_late(job_id)
+            elif rec.n_pending:
+                self.cancel(job_id, missed_note(rec.job))
 
     def _park(self, rec: JobRecord, now: float, delay: float) -> None:
         self._park_seq += 1
@@ -1415,6 +1459,9 @@ class Dispatcher:
         heapq.heappush(self._parked, (rec.ready_at, self._park_seq, rec))
         self._waiting += 1
         self._backing_off += 1
+        late = self._deadlines.late
+        if late and rec.job_id in late:
+            self._deadlines.returned(rec.job_id)
 
     def _release_parked(self, now: float) -> None:
         """Queue the parked jobs whose backoff is over if the cluster changed since; the others
@@ -1520,6 +1567,8 @@ class Dispatcher:
                 idx = tuple(i for i, s in enumerate(states) if s in HOLDS_RESOURCES)
                 self.usage.add_held(rec.queue, rec.tenant, *rec.cost_of(idx))
             rec.retry_at = backoffs.get(job.id, 0.0)
+            if job.deadline is not None and self.settings.end_missed_deadlines:
+                self._deadlines.watch(job, rec.seq)  # one already past it: cancelled at the next round
             if rec.n_pending and not rec.cancelled:
                 self._wait_or_enqueue(rec, now)
             restored += 1
@@ -1661,10 +1710,11 @@ class Dispatcher:
             if reservation:
                 lines.append(reservation)
         deadline = rec.job.deadline
-        if deadline is not None and deadline < self.clock():
-            # Deadlines order a deadline queue (EDF); a job is not stopped at its deadline.
+        if deadline is not None and not self.settings.end_missed_deadlines and deadline < self.clock():
             late = self.clock() - deadline
             lines.append(f"past its deadline by {late:.0f}s (deadlines order the queue; nothing is stopped)")
+        elif deadline is not None and self.settings.end_missed_deadlines and self._not_started(rec):
+            lines.append(start_by_note(rec.job, self.clock()))
         if rec.disruption:
             lines.append(rec.disruption)
         if rec.failure:

@@ -946,8 +946,8 @@ def replace_sub(job, submission_id: str):
     return replace(job, submission_id=submission_id)
 
 
-def test_explain_says_when_a_job_is_past_its_deadline() -> None:
-    d, clock = dispatcher()
+def test_explain_says_when_a_job_is_past_its_deadline_where_deadlines_only_order() -> None:
+    d, clock = dispatcher(end_missed_deadlines=False)
     d.submit(make_job("late").cpu("1").deadline(clock.now + 10).build())
     assert "deadline" not in d.explain("late")
     clock.advance(70.0)

@@ -60,8 +60,10 @@ def settings(
     backoff_max: float = 5.0,
     periodic: float | None = None,
     admission: AdmissionConfig | None = None,
+    end_missed_deadlines: bool = True,
 ) -> Settings:
     return Settings(
+        end_missed_deadlines=end_missed_deadlines,
         shards=shards,
         batch_size=batch_size,
         queues=list(queues) or [QueueConfig(name="default")],

@@ -248,7 +248,7 @@ def test_a_fairness_queue_splits_scarce_room_by_its_order_whatever_the_shards(
 ORDERED_QUEUES = [
     (QueuePolicy.FIFO, [("x", 1, 0, None), ("a", 3, 0, None), ("b", 1, 0, None)]),
     (QueuePolicy.PRIORITY, [("b", 1, 1, None), ("x", 1, 30, None), ("a", 3, 20, None)]),
-    (QueuePolicy.DEADLINE, [("b", 1, 0, 3e9), ("a", 3, 0, 2e9), ("x", 1, 0, 1e9)]),
+    (QueuePolicy.DEADLINE, [("b", 1, 0, 5e9), ("a", 3, 0, 4e9), ("x", 1, 0, 3e9)]),
 ]
 
 

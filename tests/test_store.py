@@ -210,6 +210,9 @@ def test_a_store_of_the_first_schema_is_brought_up_to_date(db: Path) -> None:
         s.add_jobs([make_job("j").cpu("1").replicas(2).build()])
         s.set_task_states([("j/1", TaskState.FAILED)], reasons={"j/1": "exit code 3 (on n1)"})
         assert s.load_failures() == {"j": "task 1 failed: exit code 3 (on n1)"}
+        s.set_task_states([], retry_at={"j": 1500.0})  # a failed task's backoff (schema version 5)
+        s.set_task_states([], retry_at={"j": 2000.0})  # a later one replaces it
+        assert s.load_retry_at(1000.0) == {"j": 2000.0} and s.load_retry_at(2000.0) == {}
 
 
 def test_nodes_round_trip(db: Path) -> None:
