@@ -43,7 +43,7 @@ from gosched.api.errors import (
 from gosched.common.errors import SpecError
 from gosched.common.job import Job
 from gosched.common.node import NodeState
-from gosched.common.spec import job_from_spec
+from gosched.common.spec import RELATIVE_WITH_SUBMISSION_ID, is_relative_deadline, job_from_spec
 from gosched.common.states import JobState
 from gosched.proto.v1 import cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.proto.v1 import types_pb2 as pb
@@ -162,7 +162,7 @@ class Client:
         With `submission_id`, submitting again returns the id of the job first accepted under it.
         A spec dict is validated here first, so a bad one fails without a round trip.
         """
-        msg = _spec_message(spec)
+        msg = _spec_message(spec, submission_id=submission_id)
         reply = self._call(
             self._jobs.SubmitJob, jobs_pb2.SubmitJobRequest(spec=msg, submission_id=submission_id)
         )
@@ -177,7 +177,7 @@ class Client:
             raise ValueError(f"{len(submission_ids)} submission ids for {len(specs)} specs")
         request = jobs_pb2.SubmitJobsRequest()
         for i, spec in enumerate(specs):
-            msg = _spec_message(spec, f"jobs[{i}].")
+            msg = _spec_message(spec, f"jobs[{i}].", submission_ids[i] if submission_ids else "")
             request.jobs.add(spec=msg, submission_id=submission_ids[i] if submission_ids else "")
         reply = self._call(self._jobs.SubmitJobs, request)
         return [str(j) for j in reply.job_ids]
@@ -347,11 +347,15 @@ def _grpc_timeout(timeout: float | None) -> float | None:
     return min(timeout, MAX_TIMEOUT_S)
 
 
-def _spec_message(spec: Mapping[str, Any] | Job, where: str = "") -> pb.JobSpec:
+def _spec_message(spec: Mapping[str, Any] | Job, where: str = "", submission_id: str = "") -> pb.JobSpec:
     """The JobSpec message of a spec dict (validated here, so a bad one fails without a round trip;
-    `where` prefixes the field in the error) or of a Job."""
+    `where` prefixes the field in the error) or of a Job. `submission_id`: the one it is sent
+    under, if any (a deadline written from now could not be repeated under it)."""
     if isinstance(spec, Job):
         return convert.job_to_proto_spec(spec)
+    if submission_id and is_relative_deadline(spec.get("deadline")):
+        field = f"{where}deadline"
+        raise InvalidArgument(f"{field}: {spec['deadline']!r} {RELATIVE_WITH_SUBMISSION_ID}", field=field)
     try:
         job = job_from_spec(spec)
     except SpecError as exc:

@@ -769,6 +769,17 @@ def _groups(value: object, path: str) -> tuple[TaskGroup, ...]:
 
 
 # == jobs ========================================================================================
+RELATIVE_WITH_SUBMISSION_ID = (
+    "is counted from now, a new moment at every retry, so a retry under the submission_id would "
+    "not repeat the request: give a time (ISO-8601 or unix seconds)"
+)
+
+
+def is_relative_deadline(value: object) -> bool:
+    """Whether a spec's deadline is written from now ("now+6h")."""
+    return isinstance(value, str) and value.strip().lower().startswith("now+")
+
+
 def _deadline(value: object, path: str, now: float | None) -> float | None:
     if value is None:
         return None
@@ -777,7 +788,8 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
         moment = value
     elif isinstance(value, date):  # and an unquoted date (2030-01-01) as this: its midnight
         moment = datetime(value.year, value.month, value.day)
-    elif isinstance(value, str) and value.strip().startswith("now+"):  # Slurm's now+<count><unit>
+    elif is_relative_deadline(value):  # Slurm's now+<count><unit>
+        assert isinstance(value, str)
         base = time.time() if now is None else now
         return _deadline(base + _duration_text(value.strip()[4:], path), path, now)
     elif isinstance(value, str):
@@ -924,6 +936,8 @@ def job_from_spec(
     else:
         submit_time = time.time() if now is None else now
     submission_id = _str(root.get("submission_id", ""), "submission_id", MAX_ID_LEN)
+    if submission_id and is_relative_deadline(root.get("deadline")):
+        _fail("deadline", f"{root['deadline']!r} {RELATIVE_WITH_SUBMISSION_ID}")
     return Job(
         id=_job_id(root.get("id", _MISSING), "id", submission_id),
         groups=groups,

@@ -4,7 +4,8 @@ started; it is cancelled instead.
 The latest start that ends by the deadline is the deadline less the job's time_limit (the deadline
 itself for a job without one). A job found past it while it holds resources or has a unit in
 flight has started, or may be starting: it is left alone, and looked at again when it waits once
-more (lost, preempted, failed and retried, or refused), which `returned` tells.
+more (lost, preempted, failed and retried, or refused) or stops holding any, which `returned`
+tells.
 """
 
 import heapq
@@ -27,6 +28,11 @@ def _iso(t: float) -> str:
         return f"{t:g} (unix seconds)"
 
 
+def _span(seconds: float) -> str:
+    """A time to come, to the second, or to the tenth below one."""
+    return format_duration(round(seconds) if seconds >= 1 else max(0.1, round(seconds, 1)))
+
+
 def _limit(job: Job) -> str:
     return f"its time_limit of {format_duration(job.time_limit)}" if job.time_limit else "no time_limit"
 
@@ -35,11 +41,9 @@ def too_late(job: Job, now: float) -> str | None:
     """Why `job` could not end by its deadline if it started `now`, or None if it could."""
     if job.deadline is None or start_by(job) > now:
         return None
-    assert job.deadline is not None
-    if not job.time_limit:
+    if job.deadline <= now:
         return f"job {job.id}: its deadline {_iso(job.deadline)} has passed"
-    away = job.deadline - now
-    left = format_duration(round(away) if away >= 1 else max(0.0, round(away, 3)))
+    left = _span(job.deadline - now)
     return (
         f"job {job.id}: {_limit(job)}, from now, would run past its deadline {_iso(job.deadline)} "
         f"({left} away): it could not end by it"
@@ -63,7 +67,7 @@ def start_by_note(job: Job, now: float) -> str:
         deadline = _iso(job.deadline)
         return f"past the latest start that ends by its deadline {deadline}: cancelled at the next round"
     return (
-        f"cancelled unless it starts within {format_duration(round(at - now))} "
+        f"cancelled unless it starts within {_span(at - now)} "
         f"(by {_iso(at)}: its deadline {_iso(job.deadline)}, {_limit(job)})"
     )
 

@@ -1227,7 +1227,19 @@ class Dispatcher:
         rec = self._jobs[job_id]
         if rec.cancelled:
             return []
+        updates: Updates = []
+        holding = self._cancel_record(rec, note, updates)
+        if holding:
+            self.notify_cluster_changed()
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
+        return [task_id(job_id, i) for i in holding]
+
+    def _cancel_record(self, rec: JobRecord, note: str, updates: Updates) -> list[int]:
+        """cancel() on the record, its store writes added to `updates`; returns the indexes of its
+        tasks that were holding resources."""
         rec.cancelled = True
+        job_id = rec.job_id
         if rec.where is QUEUED:
             self._queues[rec.qi].remove(job_id)
             self._waiting -= 1
@@ -1239,17 +1251,12 @@ class Dispatcher:
             self._waiting -= 1
             rec.where = IDLE
         holding = [i for i, s in enumerate(rec.states) if s in HOLDS_RESOURCES]
-        updates: Updates = []
         self._apply(rec, [(i, CANCELLED) for i, s in enumerate(rec.states) if s not in TERMINAL], updates)
         if rec.where is INFLIGHT:
             self._resolve(rec, self.clock(), backoff=False)
         rec.note = note
         self._maybe_finish(rec)
-        if holding:
-            self.notify_cluster_changed()
-        if self.store is not None and updates:
-            self.store.set_task_states(updates)
-        return [task_id(job_id, i) for i in holding]
+        return holding
 
     def _cancel_unqueued(self, job_id: str) -> list[str]:
         """Cancel a job of a queue no longer configured: it is not in usage nor in any queue."""
@@ -1345,6 +1352,9 @@ class Dispatcher:
                 held[2] += c[2]
             if store and new in PERSISTED:
                 updates.append((task_id(rec.job_id, i), new))
+        late = self._deadlines.late
+        if late and not rec.n_held and rec.job_id in late:  # started, and now holds nothing
+            self._deadlines.returned(rec.job_id)
         if held == [-x for x in infl]:
             if any(held):
                 self.usage.commit(rec.queue, rec.tenant, *held)
@@ -1397,6 +1407,7 @@ class Dispatcher:
             return
         del self._jobs[rec.job_id]
         self._reservations.forget(rec.job_id)
+        self._deadlines.late.discard(rec.job_id)
         if rec.job.max_retries and self._retried:
             for tid in rec.job.task_ids():
                 self._retried.pop(tid, None)
@@ -1436,17 +1447,26 @@ class Dispatcher:
         return bool(rec.n_pending) and not rec.n_held and not rec.cancelled
 
     def _end_missed(self, now: float) -> None:
-        """Cancel the jobs that could no longer end by their deadline and have not started. One
-        that holds resources or has a unit in flight is looked at again when it waits again."""
+        """Cancel the jobs that could no longer end by their deadline and have not started, with
+        one store write for them all. One that holds resources or has a unit in flight is looked
+        at again when it waits again or stops holding any (_enqueue, _park, _unpark, _apply)."""
         jobs = self._jobs
+        updates: Updates = []
+        ended: list[str] = []
         for job_id in self._deadlines.due(now):
             rec = jobs.get(job_id)
-            if rec is None or rec.cancelled:
-                continue
+            if rec is None or rec.cancelled or too_late(rec.job, now) is None:
+                continue  # ended, or an id used again by a job it does not concern
             if rec.where is INFLIGHT or rec.n_held or rec.n_scheduled:
                 self._deadlines.keep_late(job_id)
             elif rec.n_pending:
-                self.cancel(job_id, missed_note(rec.job))
+                self._cancel_record(rec, missed_note(rec.job), updates)
+                ended.append(job_id)
+        if ended:
+            shown = ", ".join(ended[:10]) + (f" and {len(ended) - 10} more" if len(ended) > 10 else "")
+            log.info("cancelled %d job(s) that could no longer end by their deadline: %s", len(ended), shown)
+        if self.store is not None and updates:
+            self.store.set_task_states(updates)
 
     def _park(self, rec: JobRecord, now: float, delay: float) -> None:
         self._park_seq += 1
@@ -1489,6 +1509,9 @@ class Dispatcher:
         # Never before a failed task's backoff ends: _back_off_failed parked it until then.
         rec.where = QUEUED
         self._queues[rec.qi].push(rec)
+        late = self._deadlines.late
+        if late and rec.job_id in late:
+            self._deadlines.returned(rec.job_id)
 
     def notify_cluster_changed(self) -> None:
         """Something may have made room (nodes, capacity, releases): retry the dormant jobs, and
@@ -1524,6 +1547,7 @@ class Dispatcher:
         retried = self.store.load_retried()
         now = self.clock()
         backoffs = self.store.load_retry_at(now)  # failed tasks' backoffs still to wait out
+        missed: list[str] = []  # not started, and could no longer end by their deadline
         updates: Updates = []
         restored = 0
         skipped_queues: set[str] = set()
@@ -1569,11 +1593,21 @@ class Dispatcher:
             rec.retry_at = backoffs.get(job.id, 0.0)
             if job.deadline is not None and self.settings.end_missed_deadlines:
                 self._deadlines.watch(job, rec.seq)  # one already past it: cancelled at the next round
+                if rec.n_pending and not rec.n_held and not rec.cancelled and too_late(job, now):
+                    missed.append(job.id)
             if rec.n_pending and not rec.cancelled:
                 self._wait_or_enqueue(rec, now)
             restored += 1
         if updates:
             self.store.set_task_states(updates)
+        if missed:
+            shown = ", ".join(missed[:10]) + (f" and {len(missed) - 10} more" if len(missed) > 10 else "")
+            log.warning(
+                "%d stored job(s) could no longer end by their deadline and are cancelled at the first "
+                "round (end_missed_deadlines): %s",
+                len(missed),
+                shown,
+            )
         if skipped_queues:
             # Kept in the store, not lost: configuring the queue again brings them back.
             skipped = self.skipped_on_restore

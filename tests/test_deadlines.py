@@ -281,9 +281,96 @@ def test_the_api_refuses_a_job_that_could_not_end_by_its_deadline(
         assert (
             "deadline" in result.stderr and "its time_limit of 2h, from now, would run past" in result.stderr
         )
+        taken = cli(server, "submit", "--deadline", "now+6h", "--time", "2h", "--cpus", "1", "--", "true")
+        assert taken.exit_code == 0, taken.output
+        job = client.get(taken.stdout.strip())
+        assert job.job.deadline is not None and 6 * 3600 - 60 < job.job.deadline - time.time() <= 6 * 3600
+        # A retry under a submission id would carry another moment: refused before it is sent.
+        with pytest.raises(InvalidArgument, match="a new moment at every retry") as relative:
+            client.submit(dict(spec, id="again", deadline="now+6h"), submission_id="nightly-42")
+        assert relative.value.field == "deadline"
+        retried = cli(
+            server, "submit", "--submission-id", "s1", "--deadline", "now+6h", "--cpus", "1", "--", "true"
+        )
+        assert retried.exit_code != 0 and "a new moment at every retry" in retried.stderr
     finally:
         client.close()
 
 
 def _iso_in(seconds: float) -> str:
     return datetime.fromtimestamp(time.time() + seconds, UTC).isoformat(timespec="seconds")
+
+
+def test_a_late_job_that_stops_holding_resources_while_it_waits_is_cancelled() -> None:
+    """An elastic job holds task 0 at its latest start while task 1 is parked; task 0 ends: the
+    job holds nothing and has not ended, so it could only start again, too late."""
+    d, clock = dispatcher(shards=1, backoff=60.0, backoff_max=60.0)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    _submit(d, clock, replicas=2, min_member=1)
+    units(d.next_batches())
+    d.on_reply(accept_tasks("j", [0]))  # task 1 left unplaced: parked 60 s
+    clock.advance(START_BY + 1.0)
+    d.next_batches()
+    assert d.job_state("j") is JobState.RUNNING  # it started in time
+    d.on_released([task_id("j", 0)], TaskState.SUCCEEDED)
+    clock.advance(20.0)
+    assert _round(d) == []
+    assert d.job_state("j") is JobState.CANCELLED
+    assert d.task_states("j") == [TaskState.SUCCEEDED, TaskState.CANCELLED]
+    assert not d._deadlines.late
+
+
+def test_jobs_past_their_latest_start_together_are_cancelled_in_one_store_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    d, clock = dispatcher(shards=1, store=store, backoff=1e6, backoff_max=1e6)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    for i in range(50):
+        _submit(d, clock, f"j{i}")
+    d.on_unschedulable([unschedulable(u) for u in units(d.next_batches())])  # all parked
+    clock.advance(START_BY + 1.0)
+    writes = store.calls["set_task_states"]
+    with caplog.at_level("INFO", logger="gosched.dispatcher.dispatcher"):
+        assert d.next_batches() == []
+    assert store.calls["set_task_states"] == writes + 1
+    assert all(store.states[f"j{i}"] == [TaskState.CANCELLED] for i in range(50))
+    assert "cancelled 50 job(s) that could no longer end by their deadline: j0, j1" in caplog.text
+    assert "and 40 more" in caplog.text
+
+
+def test_a_late_job_that_ends_is_forgotten() -> None:
+    d, clock = _new()
+    _submit(d, clock)
+    (u,) = _round(d)
+    d.on_reply(accept([u]))
+    clock.advance(START_BY + 1.0)
+    d.next_batches()
+    assert d._deadlines.late == {"j"}  # running past its latest start: watched
+    d.on_released([task_id("j", 0)], TaskState.SUCCEEDED)
+    assert d.job_state("j") is JobState.SUCCEEDED
+    assert not d._deadlines.late
+
+
+def test_a_restart_warns_of_the_stored_jobs_it_will_cancel(caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    d, clock = dispatcher(shards=1, store=store)
+    _submit(d, clock, "gone")
+    _submit(d, clock, "kept")
+    d.cancel("kept")
+    clock.advance(START_BY + 5.0)
+    again, _ = dispatcher(shards=1, store=store, clock=clock)
+    with caplog.at_level("WARNING", logger="gosched.dispatcher.dispatcher"):
+        again.restore()
+    assert "1 stored job(s) could no longer end by their deadline and are cancelled at the first round" in (
+        caplog.text
+    )
+    assert caplog.text.rstrip().endswith("gone")
+
+
+def test_a_deadline_from_now_is_refused_with_a_submission_id() -> None:
+    """A retry under the id would carry another moment, and be refused as another request."""
+    spec = {"id": "r", "command": "true", "cpu": 1, "deadline": "now+6h", "submission_id": "nightly-42"}
+    with pytest.raises(SpecError) as bad:
+        job_from_spec(spec, now=1000.0)
+    assert bad.value.field == "deadline" and "a new moment at every retry" in bad.value.reason

@@ -2,6 +2,7 @@
 going with it (never partly bound); the counts outlive a restart; through the in-process control
 plane, the Ray actors, and a real agent running shell tasks."""
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -223,7 +224,9 @@ def test_a_failed_tasks_backoff_outlives_a_restart(tmp_path: Path) -> None:
         assert failed + 59 < ends <= failed + 60
     again = _local(tmp_path, failure_backoff_s=60, failure_backoff_max_s=60)
     try:
-        assert "backing off after a task failed; queued again in 5" in again.explain("w")  # 59.x s
+        explained = again.explain("w")
+        waits = re.findall(r"backing off after a task failed; queued again in ([0-9.]+)s", explained)
+        assert waits and 30 < float(waits[0]) < 60, explained  # what is left of it, however slow
         for _ in range(3):  # both nodes are free, but the backoff holds
             again.step()
         assert _states(again, "w") == (JobState.PENDING, [TaskState.PENDING])
