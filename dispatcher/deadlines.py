@@ -4,8 +4,8 @@ started; it is cancelled instead.
 The latest start that ends by the deadline is the deadline less the job's time_limit (the deadline
 itself for a job without one). A job found past it while it holds resources or has a unit in
 flight has started, or may be starting: it is left alone, and looked at again when it waits once
-more (lost, preempted, failed and retried, or refused) or stops holding any, which `returned`
-tells.
+more (lost, preempted, failed and retried, or refused) or stops holding any, which
+`waits_again` tells.
 """
 
 import heapq
@@ -88,10 +88,13 @@ class DeadlineWatch:
     def keep_late(self, job_id: str) -> None:
         self.late.add(job_id)
 
-    def returned(self, job_id: str) -> None:
-        """A late job waits again: `due` gives it at its next call."""
-        self.late.discard(job_id)
-        self._returned.append(job_id)
+    def waits_again(self, job_id: str) -> None:
+        """`job_id` waits again (queued or parked) or holds nothing any more: if it is late,
+        `due` gives it at its next call. A test of the empty set, for every job, otherwise."""
+        late = self.late
+        if late and job_id in late:
+            late.discard(job_id)
+            self._returned.append(job_id)
 
     def due(self, now: float) -> list[str]:
         """The jobs past their latest start since the last call, and the late ones returned."""

@@ -1352,9 +1352,8 @@ class Dispatcher:
                 held[2] += c[2]
             if store and new in PERSISTED:
                 updates.append((task_id(rec.job_id, i), new))
-        late = self._deadlines.late
-        if late and not rec.n_held and rec.job_id in late:  # started, and now holds nothing
-            self._deadlines.returned(rec.job_id)
+        if self._deadlines.late and not rec.n_held:  # a late job that started now holds nothing
+            self._deadlines.waits_again(rec.job_id)
         if held == [-x for x in infl]:
             if any(held):
                 self.usage.commit(rec.queue, rec.tenant, *held)
@@ -1437,9 +1436,7 @@ class Dispatcher:
         rec.where = QUEUED
         self._queues[rec.qi].push(rec)
         self._waiting += 1
-        late = self._deadlines.late
-        if late and rec.job_id in late:
-            self._deadlines.returned(rec.job_id)
+        self._deadlines.waits_again(rec.job_id)
 
     @staticmethod
     def _not_started(rec: JobRecord) -> bool:
@@ -1463,8 +1460,9 @@ class Dispatcher:
                 self._cancel_record(rec, missed_note(rec.job), updates)
                 ended.append(job_id)
         if ended:
-            shown = ", ".join(ended[:10]) + (f" and {len(ended) - 10} more" if len(ended) > 10 else "")
-            log.info("cancelled %d job(s) that could no longer end by their deadline: %s", len(ended), shown)
+            log.info(
+                "cancelled %d job(s) that could no longer end by their deadline: %s", len(ended), _some(ended)
+            )
         if self.store is not None and updates:
             self.store.set_task_states(updates)
 
@@ -1479,9 +1477,7 @@ class Dispatcher:
         heapq.heappush(self._parked, (rec.ready_at, self._park_seq, rec))
         self._waiting += 1
         self._backing_off += 1
-        late = self._deadlines.late
-        if late and rec.job_id in late:
-            self._deadlines.returned(rec.job_id)
+        self._deadlines.waits_again(rec.job_id)
 
     def _release_parked(self, now: float) -> None:
         """Queue the parked jobs whose backoff is over if the cluster changed since; the others
@@ -1509,9 +1505,7 @@ class Dispatcher:
         # Never before a failed task's backoff ends: _back_off_failed parked it until then.
         rec.where = QUEUED
         self._queues[rec.qi].push(rec)
-        late = self._deadlines.late
-        if late and rec.job_id in late:
-            self._deadlines.returned(rec.job_id)
+        self._deadlines.waits_again(rec.job_id)
 
     def notify_cluster_changed(self) -> None:
         """Something may have made room (nodes, capacity, releases): retry the dormant jobs, and
@@ -1593,7 +1587,7 @@ class Dispatcher:
             rec.retry_at = backoffs.get(job.id, 0.0)
             if job.deadline is not None and self.settings.end_missed_deadlines:
                 self._deadlines.watch(job, rec.seq)  # one already past it: cancelled at the next round
-                if rec.n_pending and not rec.n_held and not rec.cancelled and too_late(job, now):
+                if self._not_started(rec) and too_late(job, now):
                     missed.append(job.id)
             if rec.n_pending and not rec.cancelled:
                 self._wait_or_enqueue(rec, now)
@@ -1601,24 +1595,20 @@ class Dispatcher:
         if updates:
             self.store.set_task_states(updates)
         if missed:
-            shown = ", ".join(missed[:10]) + (f" and {len(missed) - 10} more" if len(missed) > 10 else "")
             log.warning(
                 "%d stored job(s) could no longer end by their deadline and are cancelled at the first "
                 "round (end_missed_deadlines): %s",
                 len(missed),
-                shown,
+                _some(missed),
             )
         if skipped_queues:
             # Kept in the store, not lost: configuring the queue again brings them back.
             skipped = self.skipped_on_restore
-            shown = ", ".join(skipped[:10])
-            more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
             log.warning(
-                "%d stored job(s) of queue(s) no longer configured (%s) are kept but not scheduled: %s%s",
+                "%d stored job(s) of queue(s) no longer configured (%s) are kept but not scheduled: %s",
                 len(skipped),
                 ", ".join(sorted(skipped_queues)),
-                shown,
-                more,
+                _some(skipped),
             )
         return restored
 
@@ -1859,6 +1849,12 @@ _JOB_FIELDS = [f.name for f in fields(Job)]
 _GROUPS_AT, _TIME_AT = _JOB_FIELDS.index("groups"), _JOB_FIELDS.index("submit_time")
 _ID, _QUEUE, _TENANT = attrgetter("id"), attrgetter("queue"), attrgetter("tenant")
 _SUBMISSION = attrgetter("submission_id")
+
+
+def _some(job_ids: Sequence[str]) -> str:
+    """The first ten of `job_ids` for a log line, and how many more."""
+    more = f" and {len(job_ids) - 10} more" if len(job_ids) > 10 else ""
+    return ", ".join(job_ids[:10]) + more
 
 
 def restamped_rows(
