@@ -811,7 +811,7 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
     if now is not None and deadline > MAX_DEADLINE:
         _fail(path, f"{_short(value)} is past 9999-12-31T23:59:59Z, the latest time a deadline may be")
     if now is not None and deadline <= now:
-        _fail(path, f"{value!r} is not in the future (now is {_iso(now)})")
+        _fail(path, f"{value!r} is not in the future (now is {format_moment(now)})")
     return deadline
 
 
@@ -869,8 +869,13 @@ def format_duration(seconds: float) -> str:
     return "".join(out)
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+def format_moment(t: float) -> str:
+    """A unix time as ISO-8601 UTC to the second; past datetime's range (a deadline stored before
+    specs refused those), the number itself."""
+    try:
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{t!r} (unix seconds)"
 
 
 def _submit_time(value: object, path: str, now: float | None) -> float:
@@ -881,11 +886,12 @@ def _submit_time(value: object, path: str, now: float | None) -> float:
     if t < 0:
         _fail(path, f"must be >= 0, got {value!r}")
     if now is not None and t > now + MAX_CLOCK_SKEW_S:
-        _fail(path, f"{_short(value)} is in the future (now is {_iso(now)}); omit it to use the current time")
+        at = format_moment(now)
+        _fail(path, f"{_short(value)} is in the future (now is {at}); omit it to use the current time")
     if now is not None and t < now - MAX_CLOCK_SKEW_S:
         _fail(
             path,
-            f"{_short(value)} is in the past (now is {_iso(now)}): the server stamps the time it "
+            f"{_short(value)} is in the past (now is {format_moment(now)}): the server stamps the time it "
             "accepts a job, which may not be backdated; omit it",
         )
     return t

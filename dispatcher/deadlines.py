@@ -9,23 +9,15 @@ more (lost, preempted, failed and retried, or refused) or stops holding any, whi
 """
 
 import heapq
-from datetime import UTC, datetime
 
 from gosched.common.job import Job
-from gosched.common.spec import format_duration
+from gosched.common.spec import format_duration, format_moment
 
 
 def start_by(job: Job) -> float:
     """The latest start that ends `job` (which has a deadline) by its deadline, in unix time."""
     assert job.deadline is not None
     return job.deadline - (job.time_limit or 0.0)
-
-
-def _iso(t: float) -> str:
-    try:
-        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
-    except (OverflowError, OSError, ValueError):  # a deadline stored before deadlines were bounded
-        return f"{t:g} (unix seconds)"
 
 
 def _span(seconds: float) -> str:
@@ -42,10 +34,10 @@ def too_late(job: Job, now: float) -> str | None:
     if job.deadline is None or start_by(job) > now:
         return None
     if job.deadline <= now:
-        return f"job {job.id}: its deadline {_iso(job.deadline)} has passed"
+        return f"job {job.id}: its deadline {format_moment(job.deadline)} has passed"
     left = _span(job.deadline - now)
     return (
-        f"job {job.id}: {_limit(job)}, from now, would run past its deadline {_iso(job.deadline)} "
+        f"job {job.id}: {_limit(job)}, from now, would run past its deadline {format_moment(job.deadline)} "
         f"({left} away): it could not end by it"
     )
 
@@ -53,10 +45,8 @@ def too_late(job: Job, now: float) -> str | None:
 def missed_note(job: Job) -> str:
     """What explain tells of a job cancelled for its deadline."""
     assert job.deadline is not None
-    return (
-        f"cancelled: not started by {_iso(start_by(job))}, the latest start that ends by its deadline "
-        f"{_iso(job.deadline)} ({_limit(job)})"
-    )
+    at, deadline, limit = format_moment(start_by(job)), format_moment(job.deadline), _limit(job)
+    return f"cancelled: not started by {at}, the latest start that ends by its deadline {deadline} ({limit})"
 
 
 def start_by_note(job: Job, now: float) -> str:
@@ -64,11 +54,11 @@ def start_by_note(job: Job, now: float) -> str:
     assert job.deadline is not None
     at = start_by(job)
     if at <= now:
-        deadline = _iso(job.deadline)
+        deadline = format_moment(job.deadline)
         return f"past the latest start that ends by its deadline {deadline}: cancelled at the next round"
     return (
         f"cancelled unless it starts within {_span(at - now)} "
-        f"(by {_iso(at)}: its deadline {_iso(job.deadline)}, {_limit(job)})"
+        f"(by {format_moment(at)}: its deadline {format_moment(job.deadline)}, {_limit(job)})"
     )
 
 
