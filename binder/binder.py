@@ -289,6 +289,12 @@ class Binder:
         self.truth.note_cancelled(job_id)
         return self.release(holding, TaskState.CANCELLED.value)
 
+    def note_cancelled(self, job_ids: Iterable[str]) -> None:
+        """Jobs cancelled while none of their units was in flight (a missed deadline): refuse a
+        proposal of theirs that still comes, from a shard lost meanwhile."""
+        for job_id in job_ids:
+            self.truth.note_cancelled(job_id)
+
     def release(self, task_ids: Iterable[str], reason: str) -> list[str]:
         """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...).
 

@@ -189,6 +189,9 @@ class Dispatcher:
         self._tenant_jobs: dict[str, int] = {}  # jobs not yet ended per tenant (admission's limit)
         # Jobs with a deadline, cancelled once they could no longer end by it (Settings.end_missed_deadlines).
         self._deadlines = DeadlineWatch()
+        # The jobs a deadline cancelled since the runtime last took them (take_deadline_cancels): the
+        # binder refuses a late proposal of theirs, which may name victims, as after a user's cancel.
+        self._deadline_cancels: list[str] = []
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -1463,8 +1466,16 @@ class Dispatcher:
             log.info(
                 "cancelled %d job(s) that could no longer end by their deadline: %s", len(ended), _some(ended)
             )
+            self._deadline_cancels += ended
         if self.store is not None and updates:
             self.store.set_task_states(updates)
+
+    def take_deadline_cancels(self) -> list[str]:
+        """The jobs a deadline cancelled since the last call, for the binder's note_cancelled: none
+        had a unit in flight, but a lost shard's commit may still reach the binder after its units
+        were taken back (requeue_in_flight)."""
+        out, self._deadline_cancels = self._deadline_cancels, []
+        return out
 
     def _park(self, rec: JobRecord, now: float, delay: float) -> None:
         self._park_seq += 1

@@ -139,6 +139,9 @@ class Pipeline:
         t0 = time.perf_counter()
         loads = [len(s.inflight) for s in self.shards]
         batches = self.dispatcher.next_batches(loads)
+        cancels = self.dispatcher.take_deadline_cancels()
+        if cancels:  # none has a unit in flight here; the binder hears of them as on Ray all the same
+            self.binder.note_cancelled(cancels)
         t1 = time.perf_counter()
         if not batches:
             self.stats.component_s["dispatcher"] += t1 - t0

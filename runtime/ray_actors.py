@@ -259,6 +259,9 @@ class DispatcherCore:
         d = self.dispatcher
         loads = [0 if s == shard_id else 1 << 40 for s in range(d.partitions.shards)]
         batches = d.next_batch_rows(loads, max_units=self.settings.batch_size)
+        cancels = d.take_deadline_cancels()
+        if cancels and self.binder is not None:
+            self.binder.note_cancelled.remote(cancels)
         mine = [b for b in batches if b.shard_id == shard_id]
         if not mine:
             return self.incarnation, None
@@ -522,6 +525,9 @@ class BinderCore:
 
     def cancel_job(self, job_id: str, holding: Sequence[str]) -> list[str]:
         return self.binder.cancel_job(job_id, holding)
+
+    def note_cancelled(self, job_ids: Sequence[str]) -> None:
+        self.binder.note_cancelled(job_ids)
 
     def resident_node(self, tid: str) -> str | None:
         got = self._durable().resident(tid)

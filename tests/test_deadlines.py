@@ -374,3 +374,32 @@ def test_a_deadline_from_now_is_refused_with_a_submission_id() -> None:
     with pytest.raises(SpecError) as bad:
         job_from_spec(spec, now=1000.0)
     assert bad.value.field == "deadline" and "a new moment at every retry" in bad.value.reason
+
+
+def test_a_lost_shards_late_proposal_for_a_job_its_deadline_cancelled_evicts_nothing(tmp_path: Path) -> None:
+    """The shard planned an eviction for the job, was lost (its unit taken back), and the job's latest
+    start passed before its commit reached the binder: the binder refuses it, as after a user's
+    cancel, and the victim runs on."""
+    from gosched.common.config import Settings
+    from gosched.runtime.pipeline import Pipeline
+    from tests.builders import make_node
+
+    clock = Clock(1_000_000.0)
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1)
+    p = Pipeline(settings, nodes=[make_node("n0").cpu("4").mem("16Gi").build()], clock=clock)
+    p.submit(make_job("low").cpu("4").priority(0).preemptible().build())
+    p.run_until_idle()
+    assert p.dispatcher.job_state("low") is JobState.RUNNING
+    p.submit(make_job("j").cpu("4").priority(100).deadline(clock.now + DEADLINE).time_limit(LIMIT).build())
+    (batch,) = p.dispatcher.next_batches([0])
+    planned = p.shards[0].schedule(batch)
+    victims = [v for prop in planned.proposals for pl in prop.placements for v in pl.victims]
+    assert victims == [task_id("low", 0)]
+    assert p.dispatcher.requeue_in_flight(0) == 1  # the shard is lost: its unit is queued again
+    clock.advance(START_BY + 1.0)
+    p.step()  # the round cancels j before it dispatches anything
+    assert p.dispatcher.job_state("j") is JobState.CANCELLED
+    reply = p.binder.commit(planned)  # the lost shard's commit arrives after all
+    assert not reply.accepted
+    assert p.binder.truth.resident(task_id("low", 0)) is not None
+    assert p.dispatcher.job_state("low") is JobState.RUNNING

@@ -333,3 +333,28 @@ def test_the_dispatcher_hears_of_no_binding_before_it_is_stored_and_a_crash_then
     finally:
         blocker.close()
         rs.shutdown()
+
+
+def test_a_lost_shards_late_commit_for_a_job_its_deadline_cancelled_evicts_nothing(tmp_path: Path) -> None:
+    """The shard's unit for `j` (which would evict `low`) is taken back as from a lost shard, and
+    the next round cancels `j` at its latest start: the dispatcher actor tells the binder, which
+    refuses the commit when it comes after all."""
+    rs = scheduler(tmp_path, [make_node("n0").cpu("4").mem("16Gi").build()], shards=1)
+    try:
+        rs.submit(make_job("low").cpu("4").priority(0).preemptible().build())
+        rs.run_until_idle(timeout=30)
+        start_by = time.time() + 1.0
+        rs.submit(make_job("j").cpu("4").priority(100).deadline(start_by + 2.0).time_limit(2.0).build())
+        data = ray.get(rs.dispatcher.next_batch.remote(0))[1]
+        assert data is not None
+        assert ray.get(rs.binder.requeue_shard.remote(0)) == 1
+        time.sleep(max(0.0, start_by - time.time()) + 0.1)
+        assert ray.get(rs.dispatcher.next_batch.remote(0))[1] is None  # j's round cancels it
+        assert rs.job_state("j") == "cancelled"
+        time.sleep(0.5)  # the dispatcher's note to the binder is sent, not waited for
+        result = ray.get(rs.shards[0].process.remote(data))
+        assert (result["proposals"], result["bound"]) == (1, 0)
+        assert rs.resident_node("low/0") == "n0"
+        assert rs.job_state("low") == "running"
+    finally:
+        rs.shutdown()
