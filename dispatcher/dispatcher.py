@@ -1070,6 +1070,20 @@ class Dispatcher:
         pending ones that failed and run again (on_retried): their failure is their note."""
         updates: Updates = []
         told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
+        self._release(task_ids, final_state, reasons, again, updates, told)
+        if self.store is not None and (updates or told):
+            self.store.set_task_states(updates, reasons=told)
+
+    def _release(
+        self,
+        task_ids: Iterable[str],
+        final_state: TaskState,
+        reasons: Mapping[str, str] | None,
+        again: Collection[str],
+        updates: Updates,
+        told: dict[str, str],
+    ) -> None:
+        """on_released's work, its store writes added to `updates` and `told` for the caller."""
         freed = False
         for tid in task_ids:
             job_id, index = split_task_id(tid)
@@ -1113,8 +1127,6 @@ class Dispatcher:
                 self._maybe_finish(rec)
         if freed:
             self.notify_cluster_changed()
-        if self.store is not None and (updates or told):
-            self.store.set_task_states(updates, reasons=told)
 
     def retryable(self, task_ids: Iterable[str]) -> list[str]:
         """Of these failed tasks, those their job runs again (Job.max_retries not used up, the job not
@@ -1163,12 +1175,15 @@ class Dispatcher:
             mate = self._jobs.get(job_id)
             if mate is not None:
                 mate.disruption = f"task {index} stopped: a task of its gang failed and runs again"
-        self.on_released(released, PENDING, again=gone)  # an idle job parks (_wait_or_enqueue)
+        updates: Updates = []
+        self._release(released, PENDING, None, gone, updates, told)  # an idle job parks (_wait_or_enqueue)
         for rec in waiting.values():
             self._back_off_failed(rec, now)
-        if self.store is not None and counted:
+        if self.store is not None and (updates or counted):
+            # One transaction: a crash between the pending state and the backoff's end would queue
+            # the job at once on restart.
             waits = {job_id: rec.retry_at for job_id, rec in waiting.items()}  # a restart waits them out
-            self.store.set_task_states([], reasons=told, retried=counted, retry_at=waits)
+            self.store.set_task_states(updates, reasons=told, retried=counted, retry_at=waits)
 
     def _back_off_failed(self, rec: JobRecord, now: float) -> None:
         """A job with a failed task to run again is not queued before its retry_at. One already

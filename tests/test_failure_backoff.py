@@ -197,3 +197,19 @@ def test_a_restart_after_the_backoff_queues_the_job_at_once() -> None:
     again.set_cluster_capacity(100 * CPU, 100 * GI, 0)
     again.restore()
     assert _round(again, change=False) == [(0,)]
+
+
+def test_a_retried_failure_is_stored_in_one_write_with_its_backoff() -> None:
+    """The task's move back to pending, its failure's count and reason and its backoff's end are one
+    store write: a crash between two would restart the job at once, its backoff not yet stored."""
+    store = MemoryStore()
+    d, clock = dispatcher(shards=1, store=store)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").max_retries(5).build())
+    _both_bound(d, clock)
+    writes = store.calls["set_task_states"]
+    _fail(d, 0)
+    assert store.calls["set_task_states"] == writes + 1
+    assert store.states["j"] == [TaskState.PENDING]
+    assert store.load_retry_at(clock()) == {"j": clock() + BACKOFF}
+    assert store.load_retried() == {task_id("j", 0): 1}
