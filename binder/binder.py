@@ -6,7 +6,7 @@ confirm they are gone, then bind), persists the whole batch in one store transac
 with the changes since the shard's last view (binder/changelog.py).
 
     Binder(store, *, clock=time.time, stages=DEFAULT_STAGES, vectorised=True, max_log_entries=1_000_000,
-           writer=None)
+           writer=None, standing=None)
     .commit(batch: ProposalBatch, *, with_changes=True, rows_only=False) -> BindReply
     .add_nodes(nodes) -> int            .set_node_state(name, state) -> int
     .remove_node(name) -> list[str]     .release(task_ids, reason) -> list[str]
@@ -47,7 +47,7 @@ from gosched.binder.stages import (
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.binder.writer import StoreWriter
 from gosched.common.cluster_state import I64, NO_VICTIM, ClusterArrays, Resident
-from gosched.common.job import split_task_id
+from gosched.common.job import Job, split_task_id
 from gosched.common.messages import (
     AcceptedUnit,
     BindReply,
@@ -155,8 +155,12 @@ class Binder:
         vectorised: bool = True,
         max_log_entries: int = DEFAULT_MAX_ENTRIES,
         writer: StoreWriter | None = None,
+        standing: Callable[[Job, float], int | None] | None = None,
     ) -> None:
+        """`standing`: the Unit.standing of a task recovered from the store, from its job and
+        bound_at (common.aging.StandingRule of the queues): no column keeps it."""
         self.store = store
+        self._standing = standing
         self.writer = writer
         self.clock = clock
         self.stages = tuple(stages)
@@ -189,7 +193,8 @@ class Binder:
                     "task %s/%d is bound to unknown node %s: not recovered", bt.job.id, bt.idx, bt.node
                 )
                 continue
-            self.truth.place(row, make_resident(bt.job, bt.idx, bt.gpus, bt.bound_at))
+            standing = None if self._standing is None else self._standing(bt.job, bt.bound_at)
+            self.truth.place(row, make_resident(bt.job, bt.idx, bt.gpus, bt.bound_at, standing))
         self.truth.compact()
 
     # -- reading ------------------------------------------------------------------------------------

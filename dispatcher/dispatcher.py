@@ -45,6 +45,7 @@ from dataclasses import fields, replace
 from operator import attrgetter, is_
 from typing import Any
 
+from gosched.common.aging import standing_from
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.fast_pickle import objects_from, replaced, rows_of
@@ -583,11 +584,7 @@ class Dispatcher:
             if s == rec.last_shard and heap and heap[0][0] == load:
                 load, s = heapq.heapreplace(heap, (load, s))
             effective = standing_of[best]
-            standing = None
-            if effective is not None:
-                aged = int(effective(rec, now))
-                if aged > rec.job.priority:
-                    standing = aged
+            standing = None if effective is None else standing_from(rec.job.priority, effective(rec, now))
             unit = dispatch(rec, idx, cpu, mem, gpu, s, reclaim, floors[best], now, inflight, standing)
             if rec is self._reservations.held[best]:
                 reserved[best] = rec  # in flight now: the jobs behind it wait for its answer

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gosched.binder.binder import Binder
+from gosched.common.aging import StandingRule
 from gosched.common.config import Settings
 from gosched.common.job import Job
 from gosched.common.node import Node, NodeState, keep_operator_states
@@ -51,7 +52,7 @@ class Pipeline:
         self.settings = settings
         self.clock = clock
         self.store = Store(store_path or settings.store_path)
-        self.binder = Binder(self.store, clock=clock)
+        self.binder = Binder(self.store, clock=clock, standing=StandingRule(settings.queues) or None)
         self.dispatcher = Dispatcher(settings, store=self.store, clock=clock)
         self.shards = [SchedulerShard(i, settings.profile, clock=clock) for i in range(settings.shards)]
         self.stats = PipelineStats()

@@ -59,7 +59,8 @@ from gosched.binder import queries
 from gosched.binder.binder import Binder
 from gosched.binder.writer import StoreWriter
 from gosched.common import wire
-from gosched.common.config import ProfileConfig, Settings
+from gosched.common.aging import StandingRule
+from gosched.common.config import ProfileConfig, QueueConfig, Settings
 from gosched.common.job import Job
 from gosched.common.messages import (
     ROW_DISPATCH_TIME,
@@ -416,9 +417,11 @@ class BinderCore:
         store_path: str,
         dispatcher: Any,
         *,
+        queues: Sequence[QueueConfig] = (),
         on_writer_failure: Callable[[str], None] | None = _end_binder,
     ) -> None:
-        """`on_writer_failure`: what a failed writer does beyond making every later call fail. In
+        """`queues`: Settings.queues, whose aging gives a recovered task its standing back.
+        `on_writer_failure`: what a failed writer does beyond making every later call fail. In
         the actor, the process ends so that Ray restarts it from the store; a binder used in
         another process (the benchmarks) passes None."""
         # An in-memory store is this process's alone: no other process could write it.
@@ -427,7 +430,7 @@ class BinderCore:
         )
         try:
             self.store = Store(store_path)
-            self.binder = Binder(self.store, writer=self.writer)
+            self.binder = Binder(self.store, writer=self.writer, standing=StandingRule(queues) or None)
         except BaseException:
             if self.writer is not None:
                 self.writer.close()

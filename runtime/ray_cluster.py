@@ -267,7 +267,7 @@ class RayScheduler:
         ).remote(settings)
         self.binder = binder_cls.options(
             scheduling_strategy=here, name=names[1].name, namespace=names[1].namespace
-        ).remote(settings.store_path, names[0])
+        ).remote(settings.store_path, names[0], queues=settings.queues)
         self.binder_incarnation: str = ray.get(self.binder.get_incarnation.remote())
         self.dispatcher_incarnation: str = ray.get(
             self.dispatcher.set_binder.remote(self.binder, self.binder_incarnation)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gosched.common.aging import StandingRule, standing_from
 from gosched.common.config import QueueConfig, QueuePolicy
 from gosched.dispatcher.queues import PriorityAgingQueue, make_queue
 from gosched.dispatcher.queues import priority as priority_module
@@ -89,6 +90,28 @@ def test_effective_priority_is_capped(aging, max_age, priority, submit, now, exp
     q = queue(aging, max_age, Clock())
     (e,) = push_all(q, [("j", priority, submit)]).values()
     assert q.effective_priority(e, now) == expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "aging", "max_age", "bound_at", "expected"),
+    [
+        (QueuePolicy.PRIORITY, 2.0, 10.0, 104.5, 12),  # 3 + 9: whole steps only
+        (QueuePolicy.PRIORITY, 2.0, 10.0, 1e9, 23),  # capped
+        (QueuePolicy.PRIORITY, 2.0, 10.0, 100.2, None),  # aged to 3.4: no whole step over 3
+        (QueuePolicy.PRIORITY, 0.0, 10.0, 1e9, None),  # no aging
+        (QueuePolicy.FIFO, 2.0, 10.0, 1e9, None),  # not a priority queue
+    ],
+)
+def test_a_recovered_task_is_given_the_standing_its_dispatch_gave(policy, aging, max_age, bound_at, expected):
+    """StandingRule (the binder's recovery) reads the queue's aging as the dispatcher's does."""
+    config = QueueConfig(name="q", policy=policy, aging_per_s=aging, aging_max_s=max_age)
+    job = make_job("j").queue("q").priority(3).submitted(100.0).build()
+    assert StandingRule([config])(job, bound_at) == expected
+    q = queue(aging, max_age, Clock())
+    (e,) = push_all(q, [("j", 3, 100.0)]).values()
+    if policy is QueuePolicy.PRIORITY:
+        assert standing_from(3, q.effective_priority(e, bound_at)) == expected
+    assert bool(StandingRule([config])) is (policy is QueuePolicy.PRIORITY and aging > 0)  # any queue ages
 
 
 @pytest.mark.parametrize(("aging", "max_age"), [(-1.0, 10.0), (INF, 10.0), (1.0, -1.0), (1.0, math.nan)])

@@ -312,3 +312,34 @@ def test_a_reservation_does_not_hold_a_queue_whose_room_other_queues_borrow(tmp_
         p.run_until_idle()
     assert held_by_queue(p)["a"] >= 5  # the queue with the smaller share is served
     assert "queued behind job gang" not in p.dispatcher.explain("a9")
+
+
+def _standing(p: Pipeline, tid: str) -> int | None:
+    got = p.binder.truth.resident(tid)
+    assert got is not None, f"{tid} is not bound"
+    return got[1].standing
+
+
+def test_an_aged_job_keeps_its_standing_across_a_restart(tmp_path: Path) -> None:
+    """No column stores the standing: the binder tells it again from the queue's aging and the
+    task's bound_at when it recovers, so the job it overtook still may not evict it."""
+    clock = Clock(1_000_000.0)
+    queue = QueueConfig(name="q", policy=QueuePolicy.PRIORITY)
+    p = pipeline(tmp_path, cpus(1), [queue], clock)
+    p.submit(make_job("blocker").cpu("1").queue("q").priority(1000).preemptible(False).build())
+    p.run_until_idle()
+    p.submit(make_job("low").cpu("1").queue("q").priority(0).build())
+    clock.advance(3600)
+    p.complete(["blocker/0"])
+    p.run_until_idle()
+    assert _standing(p, "low/0") == 3600
+    p.close()
+    again = pipeline(tmp_path, cpus(1), [queue], clock)
+    assert _standing(again, "low/0") == 3600
+    again.submit(make_job("mid").cpu("1").queue("q").priority(50).build())  # it overtook mid
+    for _ in range(3):
+        again.run_until_idle()
+        clock.advance(10)
+    assert sorted(again.binder.state.task_row) == ["low/0"]
+    assert again.dispatcher.job_state("mid").value == "pending"
+    again.close()

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from gosched.common.aging import aged_priority
 from gosched.dispatcher.queues.base import QueueEntry
 
 # base.E, declared here too: mypy, run on this file alone, cannot follow the editable install's
@@ -119,7 +120,7 @@ class PriorityAgingQueue(Generic[E]):
 
     def effective_priority(self, entry: E, now: float) -> float:
         job = entry.job
-        return job.priority + self._aging * min(max(0.0, now - job.submit_time), self._max_age)
+        return aged_priority(job.priority, job.submit_time, now, self._aging, self._max_age)
 
     # -- PolicyQueue ------------------------------------------------------------------------------------
     def push_many(self, entries: list[E]) -> None:
