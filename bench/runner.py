@@ -203,6 +203,7 @@ def run_ray(
                 rs.run_until_idle(timeout=600)
                 rs.sync_shards()  # as in run_in_process
             rs.drain_latencies()
+            rs.reset_largest_reply()  # the warm-up's replies are not the run's
             before, procs_before = rs.stats(), rs.process_stats()
             daemons_before = daemons_cpu_s()
             start = time.perf_counter()

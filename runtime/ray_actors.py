@@ -552,6 +552,10 @@ class BinderCore:
             "writer_pending": 0 if self.writer is None else self.writer.pending,
         }
 
+    def reset_largest_reply(self) -> None:
+        """Count the largest reply from here (a benchmark's measured phase, not its warm-up)."""
+        self.largest_reply = 0
+
     def flush(self) -> None:
         """Return once every batch committed so far is durable and its report sent."""
         if self.writer is not None:

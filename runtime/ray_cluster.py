@@ -527,6 +527,10 @@ class RayScheduler:
         out["tasks_per_s"] = d["bound_tasks"] / span if span > 0 and d["first_dispatch"] else 0.0
         return out
 
+    def reset_largest_reply(self) -> None:
+        """stats()' largest_reply counts from here on (the binder's, which counts its whole life)."""
+        ray.get(self.binder.reset_largest_reply.remote())
+
     def process_stats(self) -> dict[str, dict[str, float]]:
         """Per actor process: pid, RSS and peak RSS (MiB), busy seconds. Keys: dispatcher, binder,
         shard-0, shard-1, ..."""

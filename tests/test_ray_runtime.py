@@ -358,3 +358,22 @@ def test_a_lost_shards_late_commit_for_a_job_its_deadline_cancelled_evicts_nothi
         assert rs.job_state("low") == "running"
     finally:
         rs.shutdown()
+
+
+def test_the_largest_reply_counts_from_its_reset(tmp_path: Path) -> None:
+    """A benchmark resets it after its warm-up: the binder's own count is over its whole life."""
+    rs = scheduler(tmp_path, sim_nodes(20), batch_size=64)
+    try:
+        rs.submit_many(basic_jobs(300))
+        rs.run_until_idle(timeout=60)
+        warm = rs.stats()
+        assert warm["largest_reply"] > 0
+        rs.reset_largest_reply()
+        assert rs.stats()["largest_reply"] == 0
+        rs.submit(make_job("one").cpu("1").build())
+        rs.run_until_idle(timeout=30)
+        after = rs.stats()
+        sent = after["reply_bytes"] - warm["reply_bytes"]
+        assert 0 < after["largest_reply"] <= sent < warm["largest_reply"]
+    finally:
+        rs.shutdown()
