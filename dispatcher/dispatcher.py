@@ -1125,24 +1125,38 @@ class Dispatcher:
         if freed:
             self.notify_cluster_changed()
 
-    def retryable(self, task_ids: Iterable[str]) -> list[str]:
+    def begin_retries(self, task_ids: Iterable[str]) -> list[str]:
         """Of these failed tasks, those their job runs again (Job.max_retries not used up, the job not
         cancelled, the task still holding its room): the caller takes them from their nodes as lost
-        (a gang below its min_member with them) and calls on_retried. Changes nothing."""
+        (a gang below its min_member with them) and calls on_retried.
+
+        Their backoff's end is stored first: the binder's write that takes them off their nodes
+        stores them pending, and a restart after it, before on_retried's write, then still waits
+        the backoff out. A stored end for a task still bound is read by no one. Nothing else
+        changes here; on_retried does the rest."""
         out = []
+        waits: dict[str, float] = {}
+        base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
+        now = self.clock()
         for tid in task_ids:
             job_id, index = split_task_id(tid)
             rec = self._jobs.get(job_id)
             if rec is None or not rec.job.max_retries or rec.cancelled:
                 continue
-            if rec.states[index] in HOLDS_RESOURCES and self._retried.get(tid, 0) < rec.job.max_retries:
+            used = self._retried.get(tid, 0)
+            if rec.states[index] in HOLDS_RESOURCES and used < rec.job.max_retries:
                 out.append(tid)
+                delay = backoff_delay(base, cap, used + 1)
+                if delay:
+                    waits[job_id] = max(waits.get(job_id, rec.retry_at), now + delay)
+        if self.store is not None and waits:
+            self.store.set_task_states([], retry_at=waits)
         return out
 
     def on_retried(
         self, retried: Sequence[str], released: Sequence[str], reasons: Mapping[str, str] | None = None
     ) -> None:
-        """`retried` (from retryable) failed and are queued to run again; `released`: every task the
+        """`retried` (from begin_retries) failed and are queued to run again; `released`: every task the
         binder took off its node for them, gang members included. explain tells each failure, with
         the retries it leaves."""
         gone = set(released)

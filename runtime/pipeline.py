@@ -119,7 +119,7 @@ class Pipeline:
         evicted meanwhile ends as its eviction says (the binder's report), whatever its run said.
         A failed task its job runs again (Job.max_retries) leaves its node as a lost one does."""
         if final is TaskState.FAILED:
-            again = self.dispatcher.retryable(task_ids)
+            again = self.dispatcher.begin_retries(task_ids)
             if again:
                 self.dispatcher.on_retried(again, self.binder.lose(again), reasons)
                 retried = set(again)

@@ -367,8 +367,8 @@ class DispatcherCore:
     ) -> None:
         self.dispatcher.on_released(task_ids, TaskState(final_state), reasons)
 
-    def retryable(self, task_ids: Sequence[str]) -> list[str]:
-        return self.dispatcher.retryable(task_ids)
+    def begin_retries(self, task_ids: Sequence[str]) -> list[str]:
+        return self.dispatcher.begin_retries(task_ids)
 
     def on_retried(
         self, retried: Sequence[str], released: Sequence[str], reasons: Mapping[str, str] | None = None

@@ -431,7 +431,7 @@ class RayControl:
         # (the binder's report) says, whatever its run said. A failed task its job runs again
         # (Job.max_retries) leaves its node as a lost one does.
         if final is TaskState.FAILED:
-            again: list[str] = ray.get(self.rs.dispatcher.retryable.remote(list(task_ids)))
+            again: list[str] = ray.get(self.rs.dispatcher.begin_retries.remote(list(task_ids)))
             if again:
                 gone: list[str] = ray.get(self.rs.binder.lose.remote(again))
                 ray.get(self.rs.dispatcher.on_retried.remote(again, gone, dict(reasons or {})))

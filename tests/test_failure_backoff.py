@@ -4,6 +4,7 @@ bound or found unschedulable). Dispatcher level, on a clock the test moves; the 
 on both control planes and a real agent, are in test_task_retries.py."""
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,7 @@ def _round(d: Dispatcher, *, change: bool = True) -> list[tuple[int, ...]]:
 
 def _fail(d: Dispatcher, index: int) -> None:
     tid = task_id("j", index)
-    assert d.retryable([tid]) == [tid]
+    assert d.begin_retries([tid]) == [tid]
     d.on_retried([tid], [tid], {tid: "exit code 1"})
 
 
@@ -207,9 +208,39 @@ def test_a_retried_failure_is_stored_in_one_write_with_its_backoff() -> None:
     d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
     d.submit(make_job("j").cpu("1").max_retries(5).build())
     _both_bound(d, clock)
+    tid = task_id("j", 0)
+    assert d.begin_retries([tid]) == [tid]  # stores the backoff's end alone, before the binder's write
+    assert store.load_retry_at(clock()) == {"j": clock() + BACKOFF}
     writes = store.calls["set_task_states"]
-    _fail(d, 0)
+    d.on_retried([tid], [tid], {tid: "exit code 1"})
     assert store.calls["set_task_states"] == writes + 1
     assert store.states["j"] == [TaskState.PENDING]
     assert store.load_retry_at(clock()) == {"j": clock() + BACKOFF}
     assert store.load_retried() == {task_id("j", 0): 1}
+
+
+def test_a_restart_between_the_binders_write_and_on_retried_still_waits_the_backoff(tmp_path: Path) -> None:
+    """The binder's lose() stores the failed task pending in its own transaction, before
+    on_retried's write: the backoff's end, stored by begin_retries first, is waited out after a
+    crash between the two (real SQLite, the in-process control plane)."""
+    from gosched.common.config import Settings
+    from gosched.runtime.pipeline import Pipeline
+    from tests.builders import make_node
+
+    clock = Clock(1_000_000.0)
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1)
+    nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
+    p = Pipeline(settings, nodes=nodes, clock=clock)
+    p.submit(make_job("j").cpu("1").max_retries(5).build())
+    p.run_until_idle()
+    again = p.dispatcher.begin_retries([task_id("j", 0)])
+    assert p.binder.lose(again) == [task_id("j", 0)]  # stored pending; then the master dies
+    p.close()
+    restarted = Pipeline(settings, nodes=nodes, clock=clock)
+    restarted.run_until_idle()
+    assert not restarted.binder.state.task_row  # not started again at once
+    assert "backing off after a task failed" in restarted.dispatcher.explain("j")
+    clock.advance(BACKOFF + 0.1)
+    restarted.run_until_idle()
+    assert sorted(restarted.binder.state.task_row) == [task_id("j", 0)]
+    restarted.close()
