@@ -207,11 +207,22 @@ class DispatcherCore:
     def reload(self, binder: Any, binder_incarnation: str) -> str:
         """Rebuild the dispatcher from the store (after a binder restart, or its own), and take
         reports from this binder incarnation only. Returns the dispatcher's new incarnation."""
+        cancels = self.dispatcher.take_deadline_cancels()  # the store has them cancelled: told once
         self.store.close()
         self._build()
         self.binder = binder
         self.binder_incarnation = binder_incarnation
+        if cancels:
+            binder.note_cancelled.remote(cancels)
         return self.incarnation
+
+    def _send_deadline_cancels(self) -> None:
+        """Tell the binder of the jobs a deadline cancelled (a lost shard's commit of theirs is
+        refused); kept while there is no binder yet (after a restart of this actor, before reload)."""
+        if self.binder is not None:
+            cancels = self.dispatcher.take_deadline_cancels()
+            if cancels:
+                self.binder.note_cancelled.remote(cancels)
 
     def ping(self) -> str:
         """Answered once every call sent to this actor before it by the same caller has run."""
@@ -260,9 +271,7 @@ class DispatcherCore:
         d = self.dispatcher
         loads = [0 if s == shard_id else 1 << 40 for s in range(d.partitions.shards)]
         batches = d.next_batch_rows(loads, max_units=self.settings.batch_size)
-        cancels = d.take_deadline_cancels()
-        if cancels and self.binder is not None:
-            self.binder.note_cancelled.remote(cancels)
+        self._send_deadline_cancels()
         mine = [b for b in batches if b.shard_id == shard_id]
         if not mine:
             return self.incarnation, None

@@ -403,3 +403,23 @@ def test_a_lost_shards_late_proposal_for_a_job_its_deadline_cancelled_evicts_not
     assert not reply.accepted
     assert p.binder.truth.resident(task_id("low", 0)) is not None
     assert p.dispatcher.job_state("low") is JobState.RUNNING
+
+
+def test_the_dispatcher_actor_keeps_the_deadline_cancels_until_it_has_a_binder(tmp_path: Path) -> None:
+    """Restarted by Ray, the actor has no binder until the driver's reload: what its rounds cancel
+    meanwhile waits to be told (reload tells the binder of it)."""
+    from gosched.common.config import Settings
+    from gosched.runtime.ray_actors import DispatcherCore
+    from tests.builders import make_node
+
+    core = DispatcherCore(Settings(store_path=str(tmp_path / "gs.db"), shards=1))
+    core.set_nodes(
+        [make_node("n0").cpu("4").mem("16Gi").build()], {"cpu": 4000, "memory": 16 << 30, "gpu": 0}
+    )
+    start_by = time.time() + 0.3
+    core.submit_many([make_job("j").cpu("1").deadline(start_by + 1.0).time_limit(1.0).build()])
+    time.sleep(max(0.0, start_by - time.time()) + 0.1)
+    assert core.binder is None
+    assert core.next_batch(0)[1] is None
+    assert core.dispatcher.job_state("j") is JobState.CANCELLED
+    assert core.dispatcher.take_deadline_cancels() == ["j"]  # kept for the binder
