@@ -3,6 +3,7 @@ bound task. The dispatcher orders its priority queues by it and stamps a unit's 
 at dispatch (Unit.standing); the binder gives a recovered task its standing back from the store's
 bound_at, which no column keeps."""
 
+import math
 from collections.abc import Sequence
 
 from gosched.common.config import QueueConfig, QueuePolicy
@@ -16,8 +17,9 @@ def aged_priority(priority: int, submit_time: float, now: float, per_s: float, m
 
 
 def standing_from(priority: int, aged: float) -> int | None:
-    """Unit.standing of a job of `priority` aged to `aged`: None where aging added no whole step."""
-    whole = int(aged)
+    """Unit.standing of a job of `priority` aged to `aged`: None where aging added no whole step
+    (rounded down, not toward zero: -1 aged to -0.9 has gained none)."""
+    whole = math.floor(aged)
     return whole if whole > priority else None
 
 

@@ -102,7 +102,9 @@ def test_effective_priority_is_capped(aging, max_age, priority, submit, now, exp
         (QueuePolicy.FIFO, 2.0, 10.0, 1e9, None),  # not a priority queue
     ],
 )
-def test_a_recovered_task_is_given_the_standing_its_dispatch_gave(policy, aging, max_age, bound_at, expected):
+def test_a_recovered_task_gets_its_standing_back_from_its_bound_at(
+    policy, aging, max_age, bound_at, expected
+):
     """StandingRule (the binder's recovery) reads the queue's aging as the dispatcher's does."""
     config = QueueConfig(name="q", policy=policy, aging_per_s=aging, aging_max_s=max_age)
     job = make_job("j").queue("q").priority(3).submitted(100.0).build()
@@ -112,6 +114,15 @@ def test_a_recovered_task_is_given_the_standing_its_dispatch_gave(policy, aging,
     if policy is QueuePolicy.PRIORITY:
         assert standing_from(3, q.effective_priority(e, bound_at)) == expected
     assert bool(StandingRule([config])) is (policy is QueuePolicy.PRIORITY and aging > 0)  # any queue ages
+
+
+@pytest.mark.parametrize(
+    ("priority", "aged", "expected"),
+    [(-1, -0.9, None), (-2, -0.5, -1), (3, 3.99, None), (3, 4.0, 4), (-1, 0.0, 0)],
+)
+def test_a_standing_counts_whole_steps_rounded_down(priority, aged, expected):
+    """Not toward zero: a job of priority -1 that waited a moment has gained no step."""
+    assert standing_from(priority, aged) == expected
 
 
 @pytest.mark.parametrize(("aging", "max_age"), [(-1.0, 10.0), (INF, 10.0), (1.0, -1.0), (1.0, math.nan)])
