@@ -1191,8 +1191,8 @@ class Dispatcher:
         for rec in waiting.values():
             self._back_off_failed(rec, now)
         if self.store is not None and (updates or counted):
-            # One transaction: a crash between the pending state and the backoff's end would queue
-            # the job at once on restart.
+            # One transaction (the backoff's end was stored before the binder's write too, by
+            # begin_retries): the pending state, the count and the backoff stand or fall together.
             waits = {job_id: rec.retry_at for job_id, rec in waiting.items()}  # a restart waits them out
             self.store.set_task_states(updates, reasons=told, retried=counted, retry_at=waits)
 

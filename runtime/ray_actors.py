@@ -207,7 +207,8 @@ class DispatcherCore:
     def reload(self, binder: Any, binder_incarnation: str) -> str:
         """Rebuild the dispatcher from the store (after a binder restart, or its own), and take
         reports from this binder incarnation only. Returns the dispatcher's new incarnation."""
-        cancels = self.dispatcher.take_deadline_cancels()  # the store has them cancelled: told once
+        # Not yet told: the new dispatcher reads these jobs from the store as cancelled, and never would.
+        cancels = self.dispatcher.take_deadline_cancels()
         self.store.close()
         self._build()
         self.binder = binder
