@@ -12,6 +12,7 @@ import pytest
 from gosched import Client
 from gosched.api.errors import InvalidArgument
 from gosched.api.server import ServerHandle
+from gosched.common.config import Settings
 from gosched.common.errors import SpecError
 from gosched.common.job import task_id
 from gosched.common.messages import Unit
@@ -20,7 +21,9 @@ from gosched.common.states import JobState, TaskState
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.dispatcher.records import DORMANT, INFLIGHT, PARKED, QUEUED, Where
 from gosched.dispatcher.store import MemoryStore
-from tests.builders import make_job
+from gosched.runtime.pipeline import Pipeline
+from gosched.runtime.ray_actors import DispatcherCore
+from tests.builders import make_job, make_node
 from tests.loopback import cli, sim_master
 from tests.test_dispatcher_support import (
     CPU,
@@ -380,10 +383,6 @@ def test_a_lost_shards_late_proposal_for_a_job_its_deadline_cancelled_evicts_not
     """The shard planned an eviction for the job, was lost (its unit taken back), and the job's latest
     start passed before its commit reached the binder: the binder refuses it, as after a user's
     cancel, and the victim runs on."""
-    from gosched.common.config import Settings
-    from gosched.runtime.pipeline import Pipeline
-    from tests.builders import make_node
-
     clock = Clock(1_000_000.0)
     settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1)
     p = Pipeline(settings, nodes=[make_node("n0").cpu("4").mem("16Gi").build()], clock=clock)
@@ -408,10 +407,6 @@ def test_a_lost_shards_late_proposal_for_a_job_its_deadline_cancelled_evicts_not
 def test_the_dispatcher_actor_keeps_the_deadline_cancels_until_it_has_a_binder(tmp_path: Path) -> None:
     """Restarted by Ray, the actor has no binder until the driver's reload: what its rounds cancel
     meanwhile waits to be told (reload tells the binder of it)."""
-    from gosched.common.config import Settings
-    from gosched.runtime.ray_actors import DispatcherCore
-    from tests.builders import make_node
-
     core = DispatcherCore(Settings(store_path=str(tmp_path / "gs.db"), shards=1))
     core.set_nodes(
         [make_node("n0").cpu("4").mem("16Gi").build()], {"cpu": 4000, "memory": 16 << 30, "gpu": 0}

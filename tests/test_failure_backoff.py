@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gosched.common.config import QueueConfig
+from gosched.common.config import QueueConfig, Settings
 from gosched.common.job import task_id
 from gosched.common.messages import BUSY_REASON_PREFIX, Diagnosis, Unit, Unschedulable
 from gosched.common.states import TaskState
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.dispatcher.records import DORMANT, IDLE, INFLIGHT, PARKED, QUEUED, Where
 from gosched.dispatcher.store import MemoryStore
-from tests.builders import make_job
+from gosched.runtime.pipeline import Pipeline
+from tests.builders import make_job, make_node
 from tests.test_dispatcher_support import (
     CPU,
     GI,
@@ -223,10 +224,6 @@ def test_a_restart_between_the_binders_write_and_on_retried_still_waits_the_back
     """The binder's lose() stores the failed task pending in its own transaction, before
     on_retried's write: the backoff's end, stored by begin_retries first, is waited out after a
     crash between the two (real SQLite, the in-process control plane)."""
-    from gosched.common.config import Settings
-    from gosched.runtime.pipeline import Pipeline
-    from tests.builders import make_node
-
     clock = Clock(1_000_000.0)
     settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1)
     nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
