@@ -1132,8 +1132,9 @@ class Dispatcher:
 
         Their backoff's end is stored first: the binder's write that takes them off their nodes
         stores them pending, and a restart after it, before on_retried's write, then still waits
-        the backoff out. A stored end for a task still bound is read by no one. Nothing else
-        changes here; on_retried does the rest."""
+        the backoff out. A restart before that write finds the task still bound and its job's
+        backoff stored: only the job's tasks pending then wait it out, as they would have after
+        on_retried. Nothing else changes here; on_retried does the rest."""
         out = []
         waits: dict[str, float] = {}
         base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s

@@ -349,3 +349,60 @@ def test_a_node_tainted_noexecute_while_plans_are_in_flight_never_holds_an_intol
         assert_gangs_whole(p, work)
         assert_one_state_each(p, work)
         p.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=clusters(),
+    batch=jobs("a"),
+    crash=st.sampled_from(["after begin_retries", "after lose", "after on_retried"]),
+    data=st.data(),
+)
+def test_a_master_that_dies_anywhere_in_a_retry_loses_nothing_and_waits_the_backoff(
+    nodes: list[Node], batch: list[Job], crash: str, data: st.DataObject
+) -> None:
+    """A FAILED report's three steps (begin_retries, the binder's lose, on_retried), each with its
+    own store write, and the master dying after any of them: the restarted one holds every
+    invariant, and no task its job runs again starts before the backoff ends."""
+    backoff = 60.0
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = _Clock()
+        settings = Settings(
+            store_path=str(Path(tmp) / "gs.db"),
+            shards=1,
+            retry_backoff_s=0.0,
+            failure_backoff_s=backoff,
+            batch_size=3,
+        )
+        p = Pipeline(settings, nodes=nodes, clock=clock)
+        p.submit_many(batch)
+        p.run_until_idle(max_rounds=200)
+        bound = sorted(p.binder.state.task_row)
+        failing = data.draw(st.lists(st.sampled_from(bound), max_size=3, unique=True)) if bound else []
+        again = p.dispatcher.begin_retries(failing)
+        gone: list[str] = []  # the failed tasks and the gang mates they stop
+        if crash != "after begin_retries":
+            gone = p.binder.lose(again)
+            if crash == "after on_retried":
+                p.dispatcher.on_retried(again, gone, {tid: "exit code 1" for tid in again})
+        p.close()
+        q = Pipeline(settings, clock=clock)  # the nodes come back from the store
+        q.run_until_idle(max_rounds=200)
+        assert_not_overcommitted(q.binder.state)
+        assert_gangs_whole(q, batch)
+        assert_one_state_each(q, batch)
+        assert not [tid for tid in gone if tid in q.binder.state.task_row]  # the backoff holds them
+        clock.now += backoff + 1.0
+        q.run_until_idle(max_rounds=200)
+        assert_not_overcommitted(q.binder.state)
+        assert_gangs_whole(q, batch)
+        assert_one_state_each(q, batch)
+        q.close()
