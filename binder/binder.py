@@ -47,6 +47,7 @@ from gosched.binder.stages import (
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.binder.writer import StoreWriter
 from gosched.common.cluster_state import I64, NO_VICTIM, ClusterArrays, Resident
+from gosched.common.disruptions import DOWN_REASONS
 from gosched.common.job import Job, split_task_id
 from gosched.common.messages import (
     AcceptedUnit,
@@ -195,6 +196,8 @@ class Binder:
                 continue
             standing = None if self._standing is None else self._standing(bt.job, bt.bound_at)
             self.truth.place(row, make_resident(bt.job, bt.idx, bt.gpus, bt.bound_at, standing))
+        for job_id, tid in self.store.load_down():
+            self.truth.arrays.down_tasks.add(job_id, tid)
         self.truth.compact()
 
     # -- reading ------------------------------------------------------------------------------------
@@ -292,13 +295,32 @@ class Binder:
         eviction would be for nothing) and release its tasks in `holding`."""
         self._usable()
         self.truth.note_cancelled(job_id)
-        return self.release(holding, TaskState.CANCELLED.value)
+        released = self.release(holding, TaskState.CANCELLED.value)
+        self._end_down([job_id])
+        return released
 
     def note_cancelled(self, job_ids: Iterable[str]) -> None:
         """Jobs cancelled while none of their units was in flight (a missed deadline): refuse a
         proposal of theirs that still comes, from a shard lost meanwhile."""
-        for job_id in job_ids:
+        ids = list(job_ids)
+        for job_id in ids:
             self.truth.note_cancelled(job_id)
+        self._end_down(ids)
+
+    def _end_down(self, job_ids: Sequence[str]) -> None:
+        """The tasks down of these cancelled jobs will not come back: their budgets count them no
+        more, here and (through a "cancelled" release of each) in the shards' views."""
+        down = self.truth.arrays.down_tasks
+        if not down:
+            return
+        ended = [tid for job_id in job_ids for tid in down.of_job(job_id)]
+        if not ended:
+            return
+        self._writable()
+        down.discard_many(ended)
+        changes: list[Change] = [TaskReleased(tid, TaskState.CANCELLED.value) for tid in ended]
+        self._guarded(lambda: self.store.set_version(self.version + len(changes)))
+        self._publish(changes)
 
     def release(self, task_ids: Iterable[str], reason: str) -> list[str]:
         """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...).
@@ -309,8 +331,9 @@ class Binder:
         if state is None:
             raise ValueError(f"unknown release reason {reason!r} (one of {', '.join(RELEASE_STATES)})")
         released: list[str] = []
+        down = reason in DOWN_REASONS
         for tid in dict.fromkeys(task_ids):
-            if self.truth.release(tid) is not None:
+            if self.truth.release(tid, down=down) is not None:
                 released.append(tid)
         if not released:
             return []
@@ -329,7 +352,10 @@ class Binder:
         again) and, where that leaves a gang below its min_member, the gang's other residents are
         evicted too. Returns every task id released this way, for the caller to requeue."""
         self._writable()
-        lost = [got[1] for got in map(self.truth.release, dict.fromkeys(task_ids)) if got is not None]
+        release = self.truth.release
+        lost = [
+            got[1] for got in (release(tid, down=True) for tid in dict.fromkeys(task_ids)) if got is not None
+        ]
         if not lost:
             return []
         changes: list[Change] = [TaskReleased(r.task_id, "lost") for r in lost]
@@ -729,7 +755,7 @@ class Binder:
         evicted: list[Eviction] = []
         affected: dict[str, int] = {}
         for tid in victims:
-            got = self.truth.release(tid)
+            got = self.truth.release(tid, down=True)
             if got is None:
                 continue
             r = got[1]
@@ -757,7 +783,7 @@ class Binder:
             if not rest or len(rest) >= min_member:
                 continue
             for tid in sorted(rest, key=split_task_id):
-                self.truth.release(tid)
+                self.truth.release(tid, down=True)
                 out.append(Eviction(tid, job_id, split_task_id(tid)[1], preemptor))
                 changes.append(TaskReleased(tid, "preempted"))
                 writes.state(tid, TaskState.PREEMPTED)

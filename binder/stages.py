@@ -9,7 +9,7 @@ Static checks shared with the vectorised fast path live here too (`request_error
 so that both paths judge a placement the same way.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -279,51 +279,111 @@ class QueueFloorsHold:
         floors = {
             f.queue: (f.cpu_milli, f.memory, f.gpu_milli) for f in unit.proposal.floors if f.queue != own
         }
-        passing: list[str | None] = [None] * len(candidates)
         if not floors or not unit.victims:
-            return passing
+            return [None] * len(candidates)
         state = unit.state
-        residents = state.arrays.residents
-        by_row: dict[int, list[Resident]] = {}
-        for v, row in unit.victims.items():
-            r = residents[row][v]
-            if r.queue in floors:
-                by_row.setdefault(row, []).append(r)
-        if not by_row:
-            return passing
-        kept: list[Resident] = []
-        refused: dict[int, str] = {}
-        for row in dict.fromkeys(c.row for c in candidates):
-            victims = by_row.get(row)
-            if not victims:
-                continue
-            reason = _floor_broken(state, floors, [*kept, *victims])
-            if reason is None:
-                kept.extend(victims)
-            else:
-                refused[row] = reason
-        for row in refused:
-            for v in [v for v, r in unit.victims.items() if r == row]:
-                del unit.victims[v]
-            unit.credit.pop(row, None)
-        return [refused.get(c.row) for c in candidates]
+        return _judge_rows(
+            unit,
+            candidates,
+            lambda r: r.queue in floors,
+            lambda victims: _floor_broken(state, floors, victims),
+        )
+
+
+class DisruptionBudgetsHold:
+    """Evicting the unit's victims takes no job with a disruption_budget past it: its tasks down
+    already (evicted or lost and not bound since, earlier evictions of this batch included) and
+    those this unit takes down (its victims, and the rest of each gang they break) stay within
+    the budget, as the shard's victim pricing judged it on its view. Per node, as queue_floors."""
+
+    name = "disruption_budgets"
+
+    def __call__(self, unit: UnitCheck, candidates: Sequence[Candidate]) -> list[str | None]:
+        if not unit.victims:
+            return [None] * len(candidates)
+        state = unit.state
+        return _judge_rows(
+            unit,
+            candidates,
+            lambda r: r.disruption_budget is not None,
+            lambda victims: _budget_broken(state, victims),
+        )
+
+
+def _judge_rows(
+    unit: UnitCheck,
+    candidates: Sequence[Candidate],
+    ruled: Callable[[Resident], bool],
+    broken: Callable[[list[Resident]], str | None],
+) -> list[str | None]:
+    """A rule over the unit's victims judged node by node, in the order the placements name them:
+    a node whose `ruled` victims, with those of the nodes kept before it, are `broken` fails all its
+    placements, and its victims are no longer counted (victims and credit) by the stages after."""
+    residents = unit.state.arrays.residents
+    by_row: dict[int, list[Resident]] = {}
+    for v, row in unit.victims.items():
+        r = residents[row][v]
+        if ruled(r):
+            by_row.setdefault(row, []).append(r)
+    if not by_row:
+        return [None] * len(candidates)
+    kept: list[Resident] = []
+    refused: dict[int, str] = {}
+    for row in dict.fromkeys(c.row for c in candidates):
+        victims = by_row.get(row)
+        if not victims:
+            continue
+        reason = broken([*kept, *victims])
+        if reason is None:
+            kept.extend(victims)
+        else:
+            refused[row] = reason
+    for row in refused:
+        for v in [v for v, r in unit.victims.items() if r == row]:
+            del unit.victims[v]
+        unit.credit.pop(row, None)
+    return [refused.get(c.row) for c in candidates]
+
+
+def _gone_with(state: BinderState, direct: list[Resident]) -> list[Resident]:
+    """The residents of one job that evicting `direct` takes: them, or every one if they leave
+    its gang below min_member (the binder then breaks it)."""
+    first = direct[0]
+    resident = state.job_tasks.get(first.job_id, set())
+    if first.min_member > 1 and len(resident) - len(direct) < first.min_member:
+        return [got[1] for got in map(state.resident, resident) if got is not None]
+    return direct
+
+
+def _by_job(victims: list[Resident]) -> dict[str, list[Resident]]:
+    out: dict[str, list[Resident]] = {}
+    for r in victims:
+        out.setdefault(r.job_id, []).append(r)
+    return out
+
+
+def _budget_broken(state: BinderState, victims: list[Resident]) -> str | None:
+    """Why evicting `victims` takes a job past its disruption budget, or None."""
+    down = state.arrays.down_tasks
+    for job_id, direct in _by_job(victims).items():
+        budget = direct[0].disruption_budget
+        assert budget is not None  # only such victims are judged
+        already = down.count(job_id)
+        if already + len(_gone_with(state, direct)) > budget:
+            return (
+                f"evicting its victims would take job {job_id} past its disruption budget "
+                f"({budget}, {already} down already)"
+            )
+    return None
 
 
 def _floor_broken(state: BinderState, floors: dict[str, Floor], victims: list[Resident]) -> str | None:
     """Why evicting `victims` (and the rest of each gang they leave below its min_member) takes a
     queue below its floor in every resource, or None."""
-    by_job: dict[str, list[Resident]] = {}
-    for r in victims:
-        by_job.setdefault(r.job_id, []).append(r)
     taken: dict[str, list[int]] = {}
-    for job_id, direct in by_job.items():
-        first = direct[0]
-        gone = direct
-        resident = state.job_tasks.get(job_id, set())
-        if first.min_member > 1 and len(resident) - len(direct) < first.min_member:
-            gone = [got[1] for got in map(state.resident, resident) if got is not None]  # the gang breaks
-        acc = taken.setdefault(first.queue, [0, 0, 0])
-        for r in gone:
+    for direct in _by_job(victims).values():
+        acc = taken.setdefault(direct[0].queue, [0, 0, 0])
+        for r in _gone_with(state, direct):  # the gang breaks
             acc[0] += r.cpu_milli
             acc[1] += r.memory
             acc[2] += sum(m for _, m in r.gpus)
@@ -547,6 +607,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     NodeCurrent(),
     VictimsValid(),
     QueueFloorsHold(),
+    DisruptionBudgetsHold(),
     AntiAffinityHolds(),
     ResourcesFit(),
     GpusFree(),

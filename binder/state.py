@@ -6,8 +6,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gosched.common.cluster_state import I64, MAX_GPUS, ClusterArrays, PlainUsage, Resident
+from gosched.common.disruptions import DOWN
 from gosched.common.job import Job
-from gosched.common.messages import Change, NodeUpserted, TaskBound
+from gosched.common.messages import Change, NodeUpserted, TaskBound, TaskReleased
 from gosched.common.node import Node
 
 
@@ -130,9 +131,12 @@ class BinderState:
         self.rules_version[:] = version
 
     def remove_node(self, name: str) -> list[Resident]:
+        """Remove the node; its residents, returned, are down (lost with it)."""
         lost = self.arrays.remove_node(name)
         for r in lost:
             self._forget(r)
+            if r.disruption_budget is not None:
+                self.arrays.down_tasks.add(r.job_id, r.task_id)
         return lost
 
     # -- residents --------------------------------------------------------------------------------
@@ -141,11 +145,18 @@ class BinderState:
         self.job_tasks.setdefault(r.job_id, set()).add(r.task_id)
         if self._queue_use:
             self._count_queue(r, 1)
+        if self.arrays.down_tasks:
+            self.arrays.down_tasks.discard_many((r.task_id,))
 
-    def release(self, tid: str) -> tuple[int, Resident] | None:
+    def release(self, tid: str, *, down: bool = False) -> tuple[int, Resident] | None:
+        """Free the task's room; `down`: through a disruption (evicted, lost), which its job's
+        disruption budget counts until it is bound again."""
         got = self.arrays.release(tid)
         if got is not None:
-            self._forget(got[1])
+            r = got[1]
+            self._forget(r)
+            if down and r.disruption_budget is not None:
+                self.arrays.down_tasks.add(r.job_id, tid)
         return got
 
     def _forget(self, r: Resident) -> None:
@@ -172,6 +183,8 @@ class BinderState:
         if self._queue_use:
             for r in residents:
                 self._count_queue(r, 1)
+        if self.arrays.down_tasks:
+            self.arrays.down_tasks.discard_many(r.task_id for r in residents)
 
     def _count_queue(self, r: Resident, sign: int) -> None:
         use = self._queue_use.get(r.queue)
@@ -188,6 +201,7 @@ class BinderState:
         a = self.arrays
         out: list[Change] = [NodeUpserted(node) for node in a.nodes if node is not None]
         out.extend(TaskBound(name, r) for name, r in self.iter_residents())
+        out.extend(TaskReleased(tid, DOWN) for _, tid in a.down_tasks.items())
         return out
 
     def view(self) -> dict[str, dict[str, object]]:

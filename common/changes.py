@@ -1,6 +1,8 @@
 """Applying the binder's change log to a ClusterArrays (the shards' views; the binder's recovery)."""
 
 from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.disruptions import DOWN, DOWN_REASONS
+from gosched.common.job import split_task_id
 from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound, TaskReleased
 
 
@@ -10,6 +12,8 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
         resident = change.resident
         row = state.row_of.get(change.node)
         held = state.task_row.get(resident.task_id)
+        if state.down_tasks:  # bound again: up (a shard's own plan may have placed it already)
+            state.down_tasks.discard_many((resident.task_id,))
         if held is None:
             if row is not None:
                 state.place(row, resident)
@@ -17,7 +21,15 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
             # A shard's own placement, bound as planned: same usage; keep the binder's record.
             state.swap_record(row, resident)
     elif isinstance(change, TaskReleased):
-        state.release(change.task_id)
+        got = state.release(change.task_id)
+        reason = change.reason
+        if reason in DOWN_REASONS:
+            if got is not None and got[1].disruption_budget is not None:
+                state.down_tasks.add(got[1].job_id, change.task_id)
+        elif reason == DOWN:  # a snapshot's: the task holds nothing, its job counts it
+            state.down_tasks.add(split_task_id(change.task_id)[0], change.task_id)
+        elif state.down_tasks:  # it ended (its job cancelled while it was down)
+            state.down_tasks.discard_many((change.task_id,))
     elif isinstance(change, NodeUpserted):
         state.upsert_node(change.node)
     elif isinstance(change, NodeRemoved) and change.name in state.row_of:
@@ -70,3 +82,5 @@ def _apply_bindings(state: ClusterArrays, bindings: list[TaskBound]) -> None:
             apply_change(state, change)
         return
     state.place_many(rows, fresh)
+    if state.down_tasks:  # bound again: up, placed here or by the shard's own plan before
+        state.down_tasks.discard_many(change.resident.task_id for change in bindings)

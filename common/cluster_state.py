@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gosched.common.disruptions import DownTasks
 from gosched.common.fast_pickle import fast_pickle
 from gosched.common.job import AntiAffinity, Job
 from gosched.common.node import Node, NodeState, Taint
@@ -132,6 +133,10 @@ class ClusterArrays:
     dirty_base: int = 0  # absolute position of dirty_log[0]
     # Rows whose lowest-priority preemptible resident left: their bound is recounted when read.
     stale_victim_rows: set[int] = field(default_factory=set)
+    # The tasks down through a disruption, of jobs with a disruption budget (common/disruptions.py).
+    # Kept by whoever applies the binder's changes, not by place() and release(): a shard's own
+    # plans place and evict too, and undo it.
+    down_tasks: DownTasks = field(default_factory=DownTasks)
 
     def __post_init__(self) -> None:
         self.meta_generation = next(_GENERATIONS)

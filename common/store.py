@@ -164,6 +164,10 @@ _BIND_NO_GPUS = (
     f"WHERE task_id = ?3 AND {_may_move(TaskState.BOUND)}"
 )
 _gpus_of = itemgetter(2)
+# Tasks taken off their node and not bound since (see Store.load_down).
+_DOWN_TASKS = (
+    "SELECT job_id, task_id FROM tasks WHERE state = 'preempted' OR (state = 'pending' AND attempt > 0)"
+)
 # Back to pending (requeued): a new attempt, no node. Other states keep the node for the record.
 _LEGAL_SQL = "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN {_may_move(t)}" for t in TaskState) + " END"
 _SET_STATE = f"""
@@ -684,6 +688,24 @@ class Store:
                 )
             )
         return out
+
+    def load_down(self) -> list[tuple[str, str]]:
+        """(job id, task id) of every task taken off its node (evicted or lost) and not bound since,
+        of the jobs with a disruption budget: a preempted row, or a pending one past its first
+        attempt (only a move back from bound or running starts a new one). For the binder's
+        recovery: the budget counts them (common/disruptions.py)."""
+        with self._lock:
+            c = self._conn
+            rows = c.execute(_DOWN_TASKS).fetchall()
+            job_ids = sorted({r[0] for r in rows})
+            budgeted: set[str] = set()
+            for start in range(0, len(job_ids), _CHUNK):
+                chunk = job_ids[start : start + _CHUNK]
+                q = f"SELECT id, spec FROM jobs WHERE id IN ({','.join('?' * len(chunk))})"
+                budgeted.update(
+                    jid for jid, spec in c.execute(q, chunk) if decode_job(spec).disruption_budget is not None
+                )
+        return sorted((str(jid), str(tid)) for jid, tid in rows if jid in budgeted)
 
     # -- restarts reported by node agents ----------------------------------------------------------
     def save_restarts(self, rows: Sequence[RestartRow], *, now: float | None = None) -> None:

@@ -158,7 +158,9 @@ class Pricer:
 
     - a victim whose job would fall below its min_member takes every bound task of the job with
       it (the binder breaks the gang), and that is what the eviction costs;
-    - a job's disruption_budget bounds its tasks one unit takes, gang breaks included;
+    - a job's disruption_budget bounds its tasks down at once: those down already (evicted or
+      lost, not bound since: ClusterArrays.down_tasks) and those the unit takes, gang breaks
+      included;
     - a task of another queue with a floor (quota_of) is a victim only while its queue keeps
       the floor in some resource, gang breaks included: no preemption takes a queue below its
       guarantee, whoever preempts and whatever the priority;
@@ -249,9 +251,13 @@ class Pricer:
             prior = self.done.get(job, [])
             before = self._removed(first, prior)
             after = self._removed(first, [*prior, *vs])
-            if first.disruption_budget is not None and after[0] > first.disruption_budget:
-                self.refused = f"job {first.job_id}'s disruption budget ({first.disruption_budget})"
-                return None
+            budget = first.disruption_budget
+            if budget is not None:
+                down = self.state.down_tasks.count(job)  # down already: evicted or lost, not back
+                if down + after[0] > budget:
+                    already = f", {down} down already" if down else ""
+                    self.refused = f"job {first.job_id}'s disruption budget ({budget}{already})"
+                    return None
             n = after[0] - before[0]
             lost += n
             lost_priority += n * first.priority

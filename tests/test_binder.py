@@ -124,6 +124,8 @@ def cpu_job(job_id: str, cpu: str, **kw: object) -> Job:
 N4 = make_node("n1").cpu("4").mem("16Gi").gpus(2).extended("rdma", 1).build()
 N4B = replace(N4, name="n2")
 LOW = cpu_job("low", "4")
+SVC = make_job("svc").cpu("4").mem("1Gi").replicas(2).disruption_budget(1).build()
+H1 = cpu_job("h1", "4", priority=100)
 LOW_N2 = cpu_job("low2", "4")
 FILL3 = cpu_job("fill", "3", priority=500)
 SMALL_LOW = cpu_job("small", "1")
@@ -275,6 +277,42 @@ CASES: dict[str, Case] = {
         before=[prop(LOW, at(0, "n1"))],
         accepted={"high": [0]},
         evicted=[("low/0", "high")],
+    ),
+    # A job's disruption budget counts its tasks down at once (evicted or lost, not bound since),
+    # as a Kubernetes PodDisruptionBudget does, not the tasks of one preemption.
+    "disruption_budget_counts_the_tasks_down_before": Case(
+        [N4, N4B],
+        [prop(cpu_job("h2", "4", priority=100), at(0, "n2", victims=("svc/1",)))],
+        before=[prop(SVC, at(0, "n1"), at(1, "n2")), prop(H1, at(0, "n1", victims=("svc/0",)))],
+        rejected=[("h2", "disruption_budgets", (0,))],
+    ),
+    "disruption_budget_counts_the_batchs_earlier_evictions": Case(
+        [N4, N4B],
+        [
+            prop(H1, at(0, "n1", victims=("svc/0",))),
+            prop(cpu_job("h2", "4", priority=100), at(0, "n2", victims=("svc/1",))),
+        ],
+        before=[prop(SVC, at(0, "n1"), at(1, "n2"))],
+        accepted={"h1": [0]},
+        rejected=[("h2", "disruption_budgets", (0,))],
+        evicted=[("svc/0", "h1")],
+    ),
+    "disruption_budget_has_room_again_once_the_task_is_bound_again": Case(
+        [N4, N4B, replace(N4, name="n3")],
+        [prop(cpu_job("h2", "4", priority=100), at(0, "n2", victims=("svc/1",)))],
+        before=[
+            prop(SVC, at(0, "n1"), at(1, "n2")),
+            prop(H1, at(0, "n1", victims=("svc/0",))),
+            prop(SVC, at(0, "n3")),  # svc/0 runs again
+        ],
+        accepted={"h2": [0]},
+        evicted=[("svc/1", "h2")],
+    ),
+    "disruption_budget_counts_the_gang_a_victim_breaks": Case(
+        [N4, N4B],
+        [prop(H1, at(0, "n1", victims=("svcg/0",)))],
+        before=[prop(replace(SVC, id="svcg", min_member=2), at(0, "n1"), at(1, "n2"))],
+        rejected=[("h1", "disruption_budgets", (0,))],
     ),
     "queue_floor_holds": Case(
         [N4, N4B],

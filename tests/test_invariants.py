@@ -71,6 +71,7 @@ def jobs(draw: st.DrawFn, prefix: str) -> list[Job]:
                 min_member=draw(st.integers(1, replicas)),
                 priority=draw(st.integers(0, 3)) * 50,
                 max_retries=draw(st.integers(0, 2)),
+                disruption_budget=draw(st.sampled_from([None, None, 0, 1, 2])),
             )
         )
     return out
@@ -148,12 +149,15 @@ def assert_shard_views_match(p: Pipeline) -> None:
         if not shard.inflight:
             shard.sync(*p.binder.changes_since(shard.version))
             assert arrays_view(shard.state) == p.binder.view(), f"shard {shard.shard_id}"
+            assert list(shard.state.down_tasks.items()) == list(p.binder.state.down_tasks.items())
 
 
 def assert_restart_sees_the_same(p: Pipeline, db: str, shards: int, all_jobs: list[Job]) -> Pipeline:
     """A binder and a dispatcher rebuilt from the store alone have the state of the live ones."""
     reopened = Binder(Store(db))
     assert reopened.view() == p.binder.view()  # nodes, usage, every GPU's share, residents
+    # the tasks down that the disruption budgets count
+    assert list(reopened.state.down_tasks.items()) == list(p.binder.state.down_tasks.items())
     assert reopened.version == next_epoch(p.binder.version)  # a new incarnation (stored)
     reopened.store.close()
     view, version = p.binder.view(), p.binder.version

@@ -1,0 +1,64 @@
+"""The tasks of each job with a disruption_budget that are down through a disruption: evicted, or
+lost with their node (a failed task run again leaves its node as a lost one), until they are
+bound again. A job's budget counts them, as a Kubernetes PodDisruptionBudget counts the pods
+unavailable: a preemption that would take more of its tasks down than the budget allows is
+refused, however many preemptions came before.
+
+The binder keeps the truth (binder/state.py, rebuilt from the store at a restart); each shard
+keeps its view's from the binder's changes (common/changes.py): a release for a DOWN_REASON takes
+a task down, a binding brings it up, any other release of it (its job cancelled) ends it, and a
+resync's snapshot names the tasks down as TaskReleased(task, DOWN)."""
+
+from collections.abc import Iterable, Iterator
+
+# TaskReleased reasons that take a task down (the others end it, or were never a disruption).
+DOWN_REASONS = frozenset({"preempted", "lost"})
+# The reason of a snapshot's entry for a task that is down: it holds nothing, its job counts it.
+DOWN = "down"
+
+
+class DownTasks:
+    """Per job, its tasks down through a disruption (only jobs with a budget are entered)."""
+
+    __slots__ = ("_by_job", "_job_of")
+
+    def __init__(self) -> None:
+        self._by_job: dict[str, set[str]] = {}
+        self._job_of: dict[str, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._job_of)
+
+    def __len__(self) -> int:
+        return len(self._job_of)
+
+    def add(self, job_id: str, task_id: str) -> None:
+        self._by_job.setdefault(job_id, set()).add(task_id)
+        self._job_of[task_id] = job_id
+
+    def discard_many(self, task_ids: Iterable[str]) -> None:
+        """These tasks are up again (bound): they count no more."""
+        job_of, by_job = self._job_of, self._by_job
+        for tid in task_ids:
+            job_id = job_of.pop(tid, None)
+            if job_id is not None:
+                tasks = by_job[job_id]
+                tasks.discard(tid)
+                if not tasks:
+                    del by_job[job_id]
+
+    def count(self, job_id: str) -> int:
+        tasks = self._by_job.get(job_id)
+        return len(tasks) if tasks else 0
+
+    def has_job(self, job_id: str) -> bool:
+        return job_id in self._by_job
+
+    def of_job(self, job_id: str) -> list[str]:
+        return sorted(self._by_job.get(job_id, ()))
+
+    def items(self) -> Iterator[tuple[str, str]]:
+        """(job id, task id) of every task down, in a stable order."""
+        for job_id in sorted(self._by_job):
+            for tid in sorted(self._by_job[job_id]):
+                yield job_id, tid

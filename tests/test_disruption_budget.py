@@ -1,0 +1,110 @@
+"""A job's disruption_budget counts its tasks down at once, as a Kubernetes PodDisruptionBudget
+counts the unavailable pods: evicted or lost and not bound since, whichever preemption took them.
+Through the in-process pipeline (the shard's pricing and the binder's disruption_budgets stage),
+across a master restart (rebuilt from the store), and in a shard's resync."""
+
+from pathlib import Path
+
+import pytest
+
+from gosched.common.config import Settings
+from gosched.common.states import JobState
+from gosched.runtime.pipeline import Pipeline
+from gosched.scheduler_shard.shard import SchedulerShard
+from tests.builders import make_job, make_node
+from tests.test_dispatcher_support import Clock
+
+NODES = [make_node(f"n{i}").cpu("1").mem("4Gi").build() for i in range(4)]
+
+
+def _pipeline(tmp_path: Path, clock: Clock) -> Pipeline:
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, retry_backoff_s=0.0)
+    return Pipeline(settings, nodes=NODES, clock=clock)
+
+
+def _service(p: Pipeline, budget: int) -> None:
+    p.submit(make_job("svc").cpu("1").replicas(4).disruption_budget(budget).build())
+    p.run_until_idle()
+    assert len(p.binder.state.task_row) == 4
+
+
+def _preemptors(p: Pipeline, n: int) -> None:
+    for i in range(n):
+        p.submit(make_job(f"h{i}").cpu("1").priority(100).build())
+        p.run_until_idle()
+
+
+def _running(p: Pipeline, prefix: str) -> int:
+    return sum(1 for tid in p.binder.state.task_row if tid.startswith(prefix))
+
+
+@pytest.mark.parametrize(("budget", "preemptors", "evicted"), [(0, 2, 0), (1, 3, 1), (2, 3, 2), (4, 3, 3)])
+def test_preemptions_one_after_another_take_no_more_than_the_budget(
+    budget: int, preemptors: int, evicted: int, tmp_path: Path
+) -> None:
+    """Each preemptor takes one task; the budget stops them when that many are down, not per
+    preemption (each of which takes one, within any budget of 1 or more)."""
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, budget)
+    _preemptors(p, preemptors)
+    assert _running(p, "svc/") == 4 - evicted
+    assert _running(p, "h") == evicted
+    assert p.binder.state.down_tasks.count("svc") == evicted
+    p.close()
+
+
+def test_the_budget_tells_why_a_preemptor_waits_and_holds_across_a_restart(tmp_path: Path) -> None:
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, 1)
+    _preemptors(p, 2)
+    assert p.dispatcher.job_state("h1") is JobState.PENDING
+    assert "job svc's disruption budget (1, 1 down already)" in p.dispatcher.explain("h1")
+    p.close()
+    again = _pipeline(tmp_path, clock)  # the count is rebuilt from the store
+    assert again.binder.state.down_tasks.count("svc") == 1
+    assert all(shard.state.down_tasks.count("svc") == 1 for shard in again.shards)
+    again.run_until_idle()  # h1, queued again by the restart, is refused again
+    assert _running(again, "svc/") == 3 and again.dispatcher.job_state("h1") is JobState.PENDING
+    again.close()
+
+
+def test_the_task_bound_again_gives_the_budget_back(tmp_path: Path) -> None:
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, 1)
+    _preemptors(p, 1)
+    p.complete(["h0/0"])  # its node is free: the evicted task runs again
+    p.run_until_idle()
+    assert _running(p, "svc/") == 4 and p.binder.state.down_tasks.count("svc") == 0
+    p.submit(make_job("later").cpu("1").priority(100).build())
+    p.run_until_idle()
+    assert p.dispatcher.job_state("later") is JobState.RUNNING
+    assert _running(p, "svc/") == 3 and p.binder.state.down_tasks.count("svc") == 1
+    p.close()
+
+
+def test_a_cancelled_jobs_tasks_down_count_no_more_in_the_binder_nor_the_shards(tmp_path: Path) -> None:
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, 2)
+    _preemptors(p, 2)
+    assert p.binder.state.down_tasks.count("svc") == 2
+    p.cancel("svc")
+    p.sync_shards()
+    assert not p.binder.state.down_tasks
+    assert not p.shards[0].state.down_tasks
+    p.close()
+
+
+def test_a_shard_resynced_from_a_snapshot_counts_the_tasks_down(tmp_path: Path) -> None:
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, 2)
+    _preemptors(p, 2)
+    fresh = SchedulerShard(0, p.settings.profile, clock=clock)
+    fresh.sync(p.binder.snapshot(), p.binder.version, resync=True)
+    assert list(fresh.state.down_tasks.items()) == list(p.binder.state.down_tasks.items())
+    assert fresh.state.down_tasks.count("svc") == 2
+    p.close()
