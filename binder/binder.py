@@ -47,7 +47,7 @@ from gosched.binder.stages import (
 from gosched.binder.state import BinderState, make_resident, validate_node
 from gosched.binder.writer import StoreWriter
 from gosched.common.cluster_state import I64, NO_VICTIM, ClusterArrays, Resident
-from gosched.common.disruptions import DOWN_REASONS
+from gosched.common.disruptions import DOWN, DOWN_REASONS
 from gosched.common.job import Job, split_task_id
 from gosched.common.messages import (
     AcceptedUnit,
@@ -277,6 +277,7 @@ class Binder:
         lost = self.truth.remove_node(name)
         lost.sort(key=lambda r: split_task_id(r.task_id))
         changes: list[Change] = [TaskReleased(r.task_id, "lost") for r in lost]
+        changes += _down_notes(lost)
         changes.append(NodeRemoved(name))
         writes = _Writes()
         for r in lost:
@@ -331,13 +332,26 @@ class Binder:
         if state is None:
             raise ValueError(f"unknown release reason {reason!r} (one of {', '.join(RELEASE_STATES)})")
         released: list[str] = []
+        ended_down: list[str] = []  # not bound, but down: a terminal end takes it off the count
         down = reason in DOWN_REASONS
+        down_tasks = self.truth.arrays.down_tasks
+        gone: list[Resident] = []
         for tid in dict.fromkeys(task_ids):
-            if self.truth.release(tid, down=down) is not None:
+            got = self.truth.release(tid, down=down)
+            if got is not None:
                 released.append(tid)
+                gone.append(got[1])
+            elif not down and down_tasks and tid in down_tasks:
+                ended_down.append(tid)
+        if ended_down:  # as _end_down: the shards hear of it as this release
+            down_tasks.discard_many(ended_down)
+            self._guarded(lambda: self.store.set_version(self.version + len(ended_down)))
+            self._publish([TaskReleased(tid, reason) for tid in ended_down])
         if not released:
             return []
         changes: list[Change] = [TaskReleased(tid, reason) for tid in released]
+        if down:
+            changes += _down_notes(gone)
         now = self.clock()
         self._guarded(
             lambda: self.store.commit(
@@ -359,6 +373,7 @@ class Binder:
         if not lost:
             return []
         changes: list[Change] = [TaskReleased(r.task_id, "lost") for r in lost]
+        changes += _down_notes(lost)
         writes = _Writes()
         for r in lost:
             writes.state(r.task_id, TaskState.PENDING)
@@ -761,6 +776,8 @@ class Binder:
             r = got[1]
             evicted.append(Eviction(tid, r.job_id, split_task_id(tid)[1], preemptor))
             changes.append(TaskReleased(tid, "preempted"))
+            if r.disruption_budget is not None:
+                changes.append(TaskReleased(tid, DOWN))
             writes.state(tid, TaskState.PREEMPTED)
             scope.evicted.add(tid)
             affected.setdefault(r.job_id, r.min_member)
@@ -783,9 +800,11 @@ class Binder:
             if not rest or len(rest) >= min_member:
                 continue
             for tid in sorted(rest, key=split_task_id):
-                self.truth.release(tid, down=True)
+                got = self.truth.release(tid, down=True)
                 out.append(Eviction(tid, job_id, split_task_id(tid)[1], preemptor))
                 changes.append(TaskReleased(tid, "preempted"))
+                if got is not None and got[1].disruption_budget is not None:
+                    changes.append(TaskReleased(tid, DOWN))
                 writes.state(tid, TaskState.PREEMPTED)
                 scope.evicted.add(tid)
         return out
@@ -822,6 +841,13 @@ class Binder:
             raise RuntimeError(
                 "the binder failed to persist a change; build a new Binder from the store"
             ) from (self._broken)
+
+
+def _down_notes(released: Sequence[Resident]) -> list[Change]:
+    """A TaskReleased(task, DOWN) for each of these tasks, taken down, that its job's disruption
+    budget counts: the shards' ledgers follow these notes, not their views (a plan of their own
+    in flight may hold the task in the view, or not, whatever the binder did)."""
+    return [TaskReleased(r.task_id, DOWN) for r in released if r.disruption_budget is not None]
 
 
 def next_epoch(version: int) -> int:

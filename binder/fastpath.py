@@ -8,8 +8,8 @@ A proposal is *clean* when
     no labels that a rule of the batch repels (bound early, it would turn that rule's verdict) or
     a resident's rule repels (the stage checks that way round too);
   * its job's queue has no floor named in the batch (the queue_floors stage looks at the queue's
-    whole usage, which a proposal bound early, out of batch order, would raise), and, in a batch
-    that evicts, its job has no task down (the disruption_budgets stage counts them);
+    whole usage, which a proposal bound early, out of batch order, would raise; the
+    disruption_budgets stage reads only victims' jobs, which the first rule keeps off this path);
   * each of its tasks is valid, unbound, proposed once in the whole batch and named by no victim;
   * each placement's node exists and is schedulable, its GPU pairs match the request (the same
     static checks as the stages), and every extended resource it asks for is known;
@@ -198,9 +198,6 @@ def find_clean(state: BinderState, proposals: Sequence[Proposal], seen_version: 
         floored = {f.queue for p in proposals for f in p.floors}
         if floored:
             maybe = [i for i in maybe if proposals[i].job.queue not in floored]
-        down = a.down_tasks
-        if down:  # bound early, a task down would lower its job's count before an eviction's judgement
-            maybe = [i for i in maybe if not down.has_job(proposals[i].job.id)]
 
     if not maybe:
         return NO_CLEAN

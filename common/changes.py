@@ -21,14 +21,11 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
             # A shard's own placement, bound as planned: same usage; keep the binder's record.
             state.swap_record(row, resident)
     elif isinstance(change, TaskReleased):
-        got = state.release(change.task_id)
+        state.release(change.task_id)
         reason = change.reason
-        if reason in DOWN_REASONS:
-            if got is not None and got[1].disruption_budget is not None:
-                state.down_tasks.add(got[1].job_id, change.task_id)
-        elif reason == DOWN:  # a snapshot's: the task holds nothing, its job counts it
+        if reason == DOWN:  # the binder's note after an eviction or a loss, or a snapshot's
             state.down_tasks.add(split_task_id(change.task_id)[0], change.task_id)
-        elif state.down_tasks:  # it ended (its job cancelled while it was down)
+        elif reason not in DOWN_REASONS and state.down_tasks:  # it ended (its job cancelled)
             state.down_tasks.discard_many((change.task_id,))
     elif isinstance(change, NodeUpserted):
         state.upsert_node(change.node)

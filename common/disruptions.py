@@ -5,15 +5,18 @@ unavailable: a preemption that would take more of its tasks down than the budget
 refused, however many preemptions came before.
 
 The binder keeps the truth (binder/state.py, rebuilt from the store at a restart); each shard
-keeps its view's from the binder's changes (common/changes.py): a release for a DOWN_REASON takes
-a task down, a binding brings it up, any other release of it (its job cancelled) ends it, and a
-resync's snapshot names the tasks down as TaskReleased(task, DOWN)."""
+keeps its view's from the binder's changes (common/changes.py): the binder follows each release
+that takes a counted task down (a DOWN_REASON) with a TaskReleased(task, DOWN) note, as a resync's
+snapshot names the tasks down; a binding brings a task up, and any other release of it (its job
+cancelled) ends it. The notes, not the shard's view, tell: a plan of the shard's own in flight
+may hold the task in the view, or not, whatever the binder did."""
 
 from collections.abc import Iterable, Iterator
 
 # TaskReleased reasons that take a task down (the others end it, or were never a disruption).
 DOWN_REASONS = frozenset({"preempted", "lost"})
-# The reason of a snapshot's entry for a task that is down: it holds nothing, its job counts it.
+# The reason of the binder's note that a task is down (after its release, or in a snapshot): it
+# holds nothing, its job's budget counts it.
 DOWN = "down"
 
 
@@ -51,8 +54,8 @@ class DownTasks:
         tasks = self._by_job.get(job_id)
         return len(tasks) if tasks else 0
 
-    def has_job(self, job_id: str) -> bool:
-        return job_id in self._by_job
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._job_of
 
     def of_job(self, job_id: str) -> list[str]:
         return sorted(self._by_job.get(job_id, ()))

@@ -169,12 +169,32 @@ class Pricer:
       then reclaim from the others, whose higher-priority tasks preempt it back, for ever.
     """
 
-    __slots__ = ("_taken", "adds", "ctx", "done", "floors", "own_job", "own_queue", "refused", "state")
+    __slots__ = (
+        "_taken",
+        "adds",
+        "assumed",
+        "coming_back",
+        "ctx",
+        "done",
+        "floors",
+        "own_job",
+        "own_queue",
+        "refused",
+        "state",
+    )
 
     def __init__(
-        self, state: ClusterArrays, ctx: UnitContext, request: ResourceRequest | None = None
+        self,
+        state: ClusterArrays,
+        ctx: UnitContext,
+        request: ResourceRequest | None = None,
+        assumed: AbstractSet[str] = frozenset(),
     ) -> None:
         self.state, self.ctx = state, ctx
+        self.assumed = assumed  # placements of this shard's units still awaiting the binder
+        # A budget refused an eviction while a task it counts as down is being placed again by a
+        # plan in flight: the refusal holds only until the binder answers that plan.
+        self.coming_back = False
         job = ctx.unit.job
         self.own_job, self.own_queue = job.id, job.queue
         self.floors = quota_of(ctx.unit).floors
@@ -257,6 +277,8 @@ class Pricer:
                 if down + after[0] > budget:
                     already = f", {down} down already" if down else ""
                     self.refused = f"job {first.job_id}'s disruption budget ({budget}{already})"
+                    if down and self.assumed and not self.coming_back:
+                        self.coming_back = not self.assumed.isdisjoint(self.state.down_tasks.of_job(job))
                     return None
             n = after[0] - before[0]
             lost += n
@@ -500,7 +522,7 @@ def find_candidate(
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     job_id = unit.job.id
     may_evict = [p.eligible for p in searching]
-    pricer = Pricer(state, ctx, req)
+    pricer = Pricer(state, ctx, req, assumed)
     # A row where the task would fit if placements still awaiting the binder were victims too.
     held_back = False
     # Rows where evicting the tasks some rule protects (a disruption budget, a queue's guarantee)
@@ -553,8 +575,9 @@ def find_candidate(
         elif pricer.refused and not kept:  # the set the task needs breaks a rule as a whole
             protected[pricer.refused] = protected.get(pricer.refused, 0) + 1
     if not candidates:
-        # Bound, those placements could be evicted: the verdict holds only until they are.
-        ctx.victims_in_flight = ctx.victims_in_flight or held_back
+        # Bound, those placements could be evicted (or, bound again, a task down gives its job's
+        # budget room back): the verdict holds only until they are.
+        ctx.victims_in_flight = ctx.victims_in_flight or held_back or pricer.coming_back
         for why, nodes in protected.items():
             ctx.protected[why] = max(nodes, ctx.protected.get(why, 0))
         return None

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from gosched.common.config import Settings
-from gosched.common.states import JobState
+from gosched.common.messages import ProposalBatch
+from gosched.common.states import JobState, TaskState
 from gosched.runtime.pipeline import Pipeline
 from gosched.scheduler_shard.shard import SchedulerShard
 from tests.builders import make_job, make_node
+from tests.test_binder import H1, N4, N4B, SVC, at, commit, open_binder, prop
 from tests.test_dispatcher_support import Clock
 
 NODES = [make_node(f"n{i}").cpu("1").mem("4Gi").build() for i in range(4)]
@@ -108,3 +110,67 @@ def test_a_shard_resynced_from_a_snapshot_counts_the_tasks_down(tmp_path: Path) 
     assert list(fresh.state.down_tasks.items()) == list(p.binder.state.down_tasks.items())
     assert fresh.state.down_tasks.count("svc") == 2
     p.close()
+
+
+def test_a_preemptor_refused_while_the_task_down_is_being_bound_again_is_tried_once_that_is_answered(
+    tmp_path: Path,
+) -> None:
+    """Pipelined rounds, as the Ray shard runs them (a batch planned while the last is at the
+    binder): h1 is refused by svc's budget on a view where the shard's own plan in flight binds
+    svc's task down again. The verdict holds only until that plan is answered, so h1 is tried
+    then, not after the periodic retry of an unschedulable job (60 s)."""
+    clock = Clock(1_000_000.0)
+    nodes = [make_node(f"n{i}").cpu("1").mem("4Gi").build() for i in range(2)]
+    nodes.append(make_node("n2").cpu("1").mem("4Gi").taint("svc-only").build())
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, retry_backoff_s=0.0, batch_size=1)
+    p = Pipeline(settings, nodes=nodes, clock=clock)
+    p.submit(make_job("svc").cpu("1").replicas(2).tolerate("svc-only").disruption_budget(1).build())
+    p.submit(make_job("mid").cpu("1").priority(200).tolerate("svc-only").build())
+    p.run_until_idle()
+    for name in ("h0", "h1"):
+        p.submit(make_job(name).cpu("1").priority(100).build())
+        p.run_until_idle()
+    assert p.dispatcher.job_state("h1") is JobState.PENDING  # svc has one task down already
+    shard = p.shards[0]
+    held: list[ProposalBatch] = []
+
+    def pipelined_round() -> None:
+        batches = p.dispatcher.next_batches([len(shard.inflight)])
+        planned = shard.schedule(batches[0]) if batches else None
+        for batch in held:
+            reply = p.binder.commit(batch)
+            shard.apply_reply(reply)
+            p.dispatcher.on_reply(reply)
+            if batch.unschedulable:
+                p.dispatcher.on_unschedulable(batch.unschedulable)
+        held[:] = [planned] if planned is not None else []
+
+    released = p.binder.release(["mid/0"], "succeeded")  # its node frees: svc's task runs again
+    p.dispatcher.on_released(released, TaskState.SUCCEEDED)
+    p.sync_shards()
+    start = clock.now
+    while p.dispatcher.job_state("h1") is not JobState.RUNNING and clock.now - start < 90.0:
+        clock.advance(0.5)
+        pipelined_round()
+    assert p.dispatcher.job_state("h1") is JobState.RUNNING
+    assert clock.now - start < 10.0
+    p.close()
+
+
+def test_a_task_down_whose_job_ended_while_its_binding_was_on_its_way_counts_no_more(tmp_path: Path) -> None:
+    """svc is cancelled while its bindings are still on their way to the dispatcher (holding none),
+    then one task is evicted: the release of the orphans ends it, in the binder and the shards."""
+    b = open_binder(tmp_path / "gs.db")
+    b.add_nodes([N4, N4B])
+    commit(b, prop(SVC, at(0, "n1"), at(1, "n2")))
+    b.cancel_job("svc", [])
+    shard = SchedulerShard(0, Settings().profile)
+    shard.sync(*b.changes_since(0))  # a snapshot
+    commit(b, prop(H1, at(0, "n1", victims=("svc/0",))))
+    assert list(b.state.down_tasks.items()) == [("svc", "svc/0")]
+    shard.sync(*b.changes_since(shard.version))
+    assert list(shard.state.down_tasks.items()) == [("svc", "svc/0")]
+    assert b.release(["svc/0", "svc/1"], "cancelled") == ["svc/1"]
+    assert not b.state.down_tasks
+    shard.sync(*b.changes_since(shard.version))
+    assert not shard.state.down_tasks
