@@ -36,6 +36,15 @@ def _preemptors(p: Pipeline, n: int) -> None:
         p.run_until_idle()
 
 
+def _started(tmp_path: Path, budget: int, preemptors: int) -> tuple[Pipeline, Clock]:
+    """svc (4 tasks, `budget`) running on the four nodes, then `preemptors` arrivals that outrank it."""
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, budget)
+    _preemptors(p, preemptors)
+    return p, clock
+
+
 def _running(p: Pipeline, prefix: str) -> int:
     return sum(1 for tid in p.binder.state.task_row if tid.startswith(prefix))
 
@@ -46,10 +55,7 @@ def test_preemptions_one_after_another_take_no_more_than_the_budget(
 ) -> None:
     """Each preemptor takes one task; the budget stops them when that many are down, not per
     preemption (each of which takes one, within any budget of 1 or more)."""
-    clock = Clock(1_000_000.0)
-    p = _pipeline(tmp_path, clock)
-    _service(p, budget)
-    _preemptors(p, preemptors)
+    p, _ = _started(tmp_path, budget, preemptors)
     assert _running(p, "svc/") == 4 - evicted
     assert _running(p, "h") == evicted
     assert p.binder.state.down_tasks.count("svc") == evicted
@@ -57,10 +63,7 @@ def test_preemptions_one_after_another_take_no_more_than_the_budget(
 
 
 def test_the_budget_tells_why_a_preemptor_waits_and_holds_across_a_restart(tmp_path: Path) -> None:
-    clock = Clock(1_000_000.0)
-    p = _pipeline(tmp_path, clock)
-    _service(p, 1)
-    _preemptors(p, 2)
+    p, clock = _started(tmp_path, 1, 2)
     assert p.dispatcher.job_state("h1") is JobState.PENDING
     assert "job svc's disruption budget (1, 1 down already)" in p.dispatcher.explain("h1")
     p.close()
@@ -73,10 +76,7 @@ def test_the_budget_tells_why_a_preemptor_waits_and_holds_across_a_restart(tmp_p
 
 
 def test_the_task_bound_again_gives_the_budget_back(tmp_path: Path) -> None:
-    clock = Clock(1_000_000.0)
-    p = _pipeline(tmp_path, clock)
-    _service(p, 1)
-    _preemptors(p, 1)
+    p, _ = _started(tmp_path, 1, 1)
     p.complete(["h0/0"])  # its node is free: the evicted task runs again
     p.run_until_idle()
     assert _running(p, "svc/") == 4 and p.binder.state.down_tasks.count("svc") == 0
@@ -88,10 +88,7 @@ def test_the_task_bound_again_gives_the_budget_back(tmp_path: Path) -> None:
 
 
 def test_a_cancelled_jobs_tasks_down_count_no_more_in_the_binder_nor_the_shards(tmp_path: Path) -> None:
-    clock = Clock(1_000_000.0)
-    p = _pipeline(tmp_path, clock)
-    _service(p, 2)
-    _preemptors(p, 2)
+    p, _ = _started(tmp_path, 2, 2)
     assert p.binder.state.down_tasks.count("svc") == 2
     p.cancel("svc")
     p.sync_shards()
@@ -101,10 +98,7 @@ def test_a_cancelled_jobs_tasks_down_count_no_more_in_the_binder_nor_the_shards(
 
 
 def test_a_shard_resynced_from_a_snapshot_counts_the_tasks_down(tmp_path: Path) -> None:
-    clock = Clock(1_000_000.0)
-    p = _pipeline(tmp_path, clock)
-    _service(p, 2)
-    _preemptors(p, 2)
+    p, clock = _started(tmp_path, 2, 2)
     fresh = SchedulerShard(0, p.settings.profile, clock=clock)
     fresh.sync(p.binder.snapshot(), p.binder.version, resync=True)
     assert list(fresh.state.down_tasks.items()) == list(p.binder.state.down_tasks.items())
