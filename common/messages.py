@@ -192,7 +192,8 @@ class Unschedulable:
     attempt: int = 0
     # The verdict is provisional: retry after the backoff even if nothing changes. Set when
     # preemption passed over victims only because they are the shard's own placements still
-    # awaiting the binder (once answered they may be evicted).
+    # awaiting the binder (once answered they may be evicted), or a disruption budget refused on
+    # counts the shard's plans at the binder may change.
     settling: bool = False
 
 

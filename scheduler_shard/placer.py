@@ -13,7 +13,6 @@ them than a node elsewhere that fits (ClassCache.softer_row). Each task of a uni
 """
 
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import TypeAlias
 
@@ -28,11 +27,16 @@ from gosched.scheduler_shard.framework.interfaces import GroupingPlugin, Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
+from gosched.scheduler_shard.in_flight import InFlightPlans
 from gosched.scheduler_shard.plugins.preemption import ForStarvingJobs
 from gosched.scheduler_shard.preemption import find_candidate
 from gosched.scheduler_shard.unit_context import UnitContext
 
 IN_FLIGHT_VICTIMS_NOTE = "lower-priority tasks in the way are still being bound: preempting them next"
+BUDGET_IN_FLIGHT_NOTE = (
+    "a disruption budget's count may change when this shard's plans at the binder are answered "
+    "(they evict its tasks, or bind them again): trying again then"
+)
 
 
 def gang_has_minimum(unit: Unit, placed: int) -> bool:
@@ -75,11 +79,14 @@ class Placer:
         unit: Unit,
         state: ClusterArrays,
         own_rows: npt.NDArray[np.int64] | None,
-        assumed: Callable[[], AbstractSet[str]] = frozenset,
+        assumed: InFlightPlans | None = None,
     ) -> tuple[UnitContext | None, Unschedulable | None]:
         """A context holding the assumed placements (or None), and what could not be placed.
-        `assumed` gives the task ids other units placed and the binder has not answered for
-        (asked only when preempting: they may not be victims)."""
+        `assumed`: what the shard's other units in flight placed and evicted, which the binder
+        has not answered for (asked only when preempting: their tasks may not be victims, and the
+        budgeted tasks they evict count as down)."""
+        if assumed is None:
+            assumed = InFlightPlans({})
         ctx = UnitContext(unit)
         self._diagnosis: Diagnosis | None = None
         self._grouping: GroupingPlugin | None = None
@@ -161,7 +168,7 @@ class Placer:
         ctx: UnitContext,
         state: ClusterArrays,
         allowed: Mask | None,
-        assumed: Callable[[], AbstractSet[str]] | None,
+        assumed: InFlightPlans | None,
         wider: Wider = LAST,
         only: list[int] | None = None,
     ) -> list[int]:
@@ -248,7 +255,7 @@ class Placer:
                         unplaced.append(idx)
                         continue
                 candidate = find_candidate(
-                    self.profile, entry, state, ctx, allowed, assumed(), self._own, searching
+                    self.profile, entry, state, ctx, allowed, assumed, self._own, searching
                 )
                 if candidate is None:
                     unplaced.append(idx)
@@ -311,7 +318,7 @@ class Placer:
         unplaced: list[int],
         later: list[Mask | None],
         domain: Mask | None,
-        assumed: Callable[[], AbstractSet[str]] | None,
+        assumed: InFlightPlans | None,
         last: Mask | None,
     ) -> Unschedulable | None:
         """The tasks past the unit's minimum that found no room where it did: they try the
@@ -347,13 +354,17 @@ class Placer:
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
             diagnosis = replace(diagnosis, note=note)
+        if ctx.budget_in_flight:
+            note = "; ".join(filter(None, (diagnosis.note, BUDGET_IN_FLIGHT_NOTE)))
+            diagnosis = replace(diagnosis, note=note)
         if self._preempts and gang_has_minimum(unit, len(ctx.placements)):
             note = "; ".join(filter(None, (diagnosis.note, past_minimum_note(unit.job.min_member))))
             diagnosis = replace(diagnosis, note=note)
         if ctx.protected:  # lower-priority tasks were in the way, but a rule kept them
             note = "; ".join(filter(None, (diagnosis.note, protected_note(ctx.protected))))
             diagnosis = replace(diagnosis, note=note)
-        return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt, ctx.victims_in_flight)
+        settling = ctx.victims_in_flight or ctx.budget_in_flight
+        return Unschedulable(unit.job.id, tuple(indexes), diagnosis, unit.attempt, settling)
 
 
 def protected_note(protected: dict[str, int]) -> str:

@@ -25,6 +25,7 @@ from gosched.scheduler_shard.framework.interfaces import Candidate, Mask, Victim
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
+from gosched.scheduler_shard.in_flight import InFlightPlans
 from gosched.scheduler_shard.plugins.preemption import PricedCandidate, quota_of
 from gosched.scheduler_shard.unit_context import EVICT, PLACE, UnitContext
 
@@ -35,6 +36,7 @@ def fits_row(entry: ClassEntry, state: ClusterArrays, row: int) -> bool:
 
 
 Use = list[int]  # tasks, cpu milli, memory, gpu milli
+_NONE: frozenset[str] = frozenset()
 
 
 def _add(acc: Use, r: Resident) -> None:
@@ -172,13 +174,13 @@ class Pricer:
     __slots__ = (
         "_taken",
         "adds",
-        "assumed",
         "coming_back",
         "ctx",
         "done",
         "floors",
         "own_job",
         "own_queue",
+        "plans",
         "refused",
         "state",
     )
@@ -188,10 +190,10 @@ class Pricer:
         state: ClusterArrays,
         ctx: UnitContext,
         request: ResourceRequest | None = None,
-        assumed: AbstractSet[str] = frozenset(),
+        plans: InFlightPlans | None = None,
     ) -> None:
         self.state, self.ctx = state, ctx
-        self.assumed = assumed  # placements of this shard's units still awaiting the binder
+        self.plans = plans  # this shard's other units still awaiting the binder
         # A budget refused an eviction while a task it counts as down is being placed again by a
         # plan in flight: the refusal holds only until the binder answers that plan.
         self.coming_back = False
@@ -255,6 +257,15 @@ class Pricer:
                         acc[i] += x
         return self._taken.get(queue, [0, 0, 0, 0])
 
+    def _may_come_back(self, job: str, evicting: AbstractSet[str]) -> bool:
+        """The budget's refusal may not hold once the binder answers this shard's plans in
+        flight: one evicts a task of `job` (refused, the task stays up), or binds one of its
+        tasks down again."""
+        if evicting:
+            return True
+        down = self.state.down_tasks.of_job(job)
+        return bool(down) and self.plans is not None and not self.plans.placed().isdisjoint(down)
+
     def price(self, victims: list[Resident]) -> tuple[int, int] | None:
         """(tasks lost, their priorities summed) if evicting `victims` keeps every rule, else None."""
         by_job: dict[str, list[Resident]] = {}
@@ -273,12 +284,17 @@ class Pricer:
             after = self._removed(first, [*prior, *vs])
             budget = first.disruption_budget
             if budget is not None:
-                down = self.state.down_tasks.count(job)  # down already: evicted or lost, not back
+                down_tasks = self.state.down_tasks
+                down = down_tasks.count(job)  # down already: evicted or lost, not back
+                # Evicted by this shard's other plans at the binder: down once it commits them.
+                evicting = _NONE if self.plans is None else self.plans.evicting(job)
+                if evicting:
+                    down += sum(1 for tid in evicting if tid not in down_tasks)
                 if down + after[0] > budget:
                     already = f", {down} down already" if down else ""
                     self.refused = f"job {first.job_id}'s disruption budget ({budget}{already})"
-                    if down and self.assumed and not self.coming_back:
-                        self.coming_back = not self.assumed.isdisjoint(self.state.down_tasks.of_job(job))
+                    if not self.coming_back:
+                        self.coming_back = self._may_come_back(job, evicting)
                     return None
             n = after[0] - before[0]
             lost += n
@@ -468,14 +484,15 @@ def find_candidate(
     state: ClusterArrays,
     ctx: UnitContext,
     allowed: Mask | None,
-    assumed: AbstractSet[str] = frozenset(),
+    plans: InFlightPlans | None = None,
     own: Mask | None = None,
     searching: Sequence[VictimSearchingPlugin] | None = None,
 ) -> Candidate | None:
-    """The best node and its victims for the task, or None. Tasks in `assumed` (placements of
-    this shard's units still awaiting the binder) are never victims: they are not bound, so the
+    """The best node and its victims for the task, or None. Tasks that `plans` (this shard's
+    units still awaiting the binder) placed are never victims: they are not bound, so the
     binder would refuse the proposal, and undoing the two attempts would then restore a task that
-    was never placed. `own`: the shard's partition, whose candidates win at equal harm.
+    was never placed; the budgeted tasks they evict count as down. `own`: the shard's partition,
+    whose candidates win at equal harm.
     `searching`: the VictimSearching plugins that may name victims (None: the profile's)."""
     if searching is None:
         searching = profile.victim_searching
@@ -522,7 +539,8 @@ def find_candidate(
     limit = max(MIN_CANDIDATES, n * CANDIDATE_PERCENT // 100)
     job_id = unit.job.id
     may_evict = [p.eligible for p in searching]
-    pricer = Pricer(state, ctx, req, assumed)
+    pricer = Pricer(state, ctx, req, plans)
+    assumed = _NONE if plans is None else plans.placed()
     # A row where the task would fit if placements still awaiting the binder were victims too.
     held_back = False
     # Rows where evicting the tasks some rule protects (a disruption budget, a queue's guarantee)
@@ -577,7 +595,8 @@ def find_candidate(
     if not candidates:
         # Bound, those placements could be evicted (or, bound again, a task down gives its job's
         # budget room back): the verdict holds only until they are.
-        ctx.victims_in_flight = ctx.victims_in_flight or held_back or pricer.coming_back
+        ctx.victims_in_flight = ctx.victims_in_flight or held_back
+        ctx.budget_in_flight = ctx.budget_in_flight or pricer.coming_back
         for why, nodes in protected.items():
             ctx.protected[why] = max(nodes, ctx.protected.get(why, 0))
         return None

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gosched.common.changes import apply_changes
-from gosched.common.cluster_state import ClusterArrays, Resident
+from gosched.common.cluster_state import ClusterArrays
 from gosched.common.config import ProfileConfig
 from gosched.common.job import TaskGroup
 from gosched.common.messages import (
@@ -25,9 +25,10 @@ from gosched.common.messages import (
 )
 from gosched.scheduler_shard.class_cache import ClassCache
 from gosched.scheduler_shard.framework.profile import build_profile
+from gosched.scheduler_shard.in_flight import InFlightPlans
 from gosched.scheduler_shard.placer import Placer
 from gosched.scheduler_shard.plugins.gpu_fragmentation import GpuFragmentation
-from gosched.scheduler_shard.unit_context import PLACE, UnitContext
+from gosched.scheduler_shard.unit_context import UnitContext
 
 
 class SchedulerShard:
@@ -123,7 +124,7 @@ class SchedulerShard:
         own = self.own_rows()
         proposals: list[Proposal] = []
         unschedulable = []
-        assumed = _AssumedTasks(self.inflight)
+        assumed = InFlightPlans(self.inflight)
         # Read once for the batch: this loop runs once per unit.
         inflight, state, schedule_unit = self.inflight, self.state, self.placer.schedule_unit
         learning = bool(self._learners)
@@ -140,8 +141,7 @@ class SchedulerShard:
             ctx, leftover = schedule_unit(unit, state, own, assumed)
             if ctx is not None:
                 inflight[job.id] = ctx
-                if assumed.ids is not None:
-                    assumed.add(ctx)
+                assumed.add(ctx)
                 placements = ctx.placements
                 proposals.append(
                     Proposal(
@@ -159,32 +159,6 @@ class SchedulerShard:
                 unschedulable.append(leftover)
         self._compact()
         return ProposalBatch(self.shard_id, self.version, proposals, unschedulable)
-
-
-class _AssumedTasks:
-    """The task ids placed by units in flight, built on first use within one schedule() call
-    (only preemption asks) and kept up to date as the call places and drops units."""
-
-    def __init__(self, inflight: dict[str, UnitContext]) -> None:
-        self._inflight = inflight
-        self.ids: set[str] | None = None  # None: not asked for yet in this call
-
-    def __call__(self) -> set[str]:
-        if self.ids is None:
-            self.ids = {r.task_id for ctx in self._inflight.values() for r in _placed(ctx)}
-        return self.ids
-
-    def add(self, ctx: UnitContext) -> None:
-        if self.ids is not None:
-            self.ids.update(r.task_id for r in _placed(ctx))
-
-    def forget(self, ctx: UnitContext) -> None:
-        if self.ids is not None:
-            self.ids.difference_update(r.task_id for r in _placed(ctx))
-
-
-def _placed(ctx: UnitContext) -> list[Resident]:
-    return [resident for action, _, resident in ctx.log if action == PLACE]
 
 
 def _touches_assumptions(live: list[UnitContext], changes: list[Change]) -> bool:

@@ -31,6 +31,9 @@ class UnitContext:
     victims_by_job: dict[str, int] = field(default_factory=dict)
     # The victim search passed over a task it could have evicted, because it awaits the binder.
     victims_in_flight: bool = False
+    # A disruption budget refused victims on counts this shard's plans in flight may change (they
+    # evict its tasks, or bind its tasks down again): the verdict holds until they are answered.
+    budget_in_flight: bool = False
     # Why the victim search found no candidate though lower-priority tasks were in the way: the
     # rules that protect them (a job's disruption budget, a queue's guarantee), for "why pending".
     protected: dict[str, int] = field(default_factory=dict)  # reason -> nodes
@@ -53,6 +56,7 @@ class UnitContext:
         self.log = [] if log is None else log
         self.victims_by_job = {}
         self.victims_in_flight = False
+        self.budget_in_flight = False
         self.protected = {}
         self.census = None
 

@@ -168,3 +168,44 @@ def test_a_task_down_whose_job_ended_while_its_binding_was_on_its_way_counts_no_
     assert not b.state.down_tasks
     shard.sync(*b.changes_since(shard.version))
     assert not shard.state.down_tasks
+
+
+@pytest.mark.parametrize(("budget", "evicted"), [(1, 1), (2, 2)])
+def test_preemptors_in_one_batch_count_the_evictions_of_the_plans_before_them(
+    budget: int, evicted: int, tmp_path: Path
+) -> None:
+    """Three preemptors in one batch, each wanting one of svc's tasks: the shard counts the
+    evictions its earlier plans of the batch (still at the binder) make, so it proposes no more
+    than the budget allows, and the binder refuses none. The others wait, named by the budget."""
+    clock = Clock(1_000_000.0)
+    p = _pipeline(tmp_path, clock)
+    _service(p, budget)
+    for i in range(3):
+        p.submit(make_job(f"h{i}").cpu("1").priority(100).build())
+    p.run_until_idle()
+    assert p.stats.rejected_units == 0
+    assert _running(p, "svc/") == 4 - evicted and _running(p, "h") == evicted
+    waiting = [f"h{i}" for i in range(3) if p.dispatcher.job_state(f"h{i}") is JobState.PENDING]
+    assert len(waiting) == 3 - evicted
+    why = p.dispatcher.explain(waiting[0])
+    assert f"job svc's disruption budget ({budget}, {evicted} down already)" in why
+    p.close()
+
+
+def test_a_refusal_counted_with_a_plan_in_flight_is_settling_and_says_so(tmp_path: Path) -> None:
+    """The budget's refusal of h1 counts h0's eviction, which the binder may still refuse: the
+    verdict is settling (h1 is tried once h0's plan is answered), and explain says why."""
+    p = _pipeline(tmp_path, Clock(1_000_000.0))
+    _service(p, 1)
+    for name in ("h0", "h1"):
+        p.submit(make_job(name).cpu("1").priority(100).build())
+    batches = p.dispatcher.next_batches([0])
+    out = p.shards[0].schedule(batches[0])
+    assert [pr.job.id for pr in out.proposals] == ["h0"]
+    (verdict,) = out.unschedulable
+    assert verdict.job_id == "h1" and verdict.settling
+    message = verdict.diagnosis.message()
+    assert "job svc's disruption budget (1, 1 down already)" in message
+    assert "count may change when this shard's plans at the binder are answered" in message
+    assert "still being bound" not in message  # no victim was passed over for being in flight
+    p.close()
