@@ -117,6 +117,32 @@ def test_deadline_is_earliest_first_and_no_deadline_last_by_submission():
     assert drain_ids(q) == ["soon", "mid", "late", "none1", "none2"]
 
 
+@pytest.mark.parametrize(
+    ("jobs", "order"),
+    [
+        # (name, deadline, time_limit): the latest start (deadline less time_limit) goes first
+        ([("short", 100.0, 10.0), ("long", 200.0, 150.0)], ["long", "short"]),
+        ([("long", 200.0, 150.0), ("short", 100.0, 10.0)], ["long", "short"]),
+        # no time_limit: the deadline is the latest start
+        ([("bare", 60.0, None), ("limited", 100.0, 30.0)], ["bare", "limited"]),
+        # equal latest starts: the earlier deadline, then submission
+        ([("b", 200.0, 100.0), ("a", 150.0, 50.0), ("c", 150.0, 50.0)], ["a", "c", "b"]),
+    ],
+)
+def test_deadline_queue_runs_the_latest_start_first(
+    jobs: list[tuple[str, float, float | None]], order: list[str]
+) -> None:
+    """Least laxity first: the job the deadline check would cancel first is tried first."""
+    q: DeadlineQueue[Entry] = DeadlineQueue()
+    built = []
+    for name, deadline, limit in jobs:
+        b = make_job(name).deadline(deadline)
+        built.append((b if limit is None else b.time_limit(limit)).build())
+    for e in entries(*built):
+        q.push(e)
+    assert drain_ids(q) == order
+
+
 def test_drf_queue_follows_usage_changes():
     usage = UsageTracker()
     usage.set_capacity(100 * CPU, 0, 0)
