@@ -36,7 +36,7 @@ from gosched.common.job import Job, split_task_id
 from gosched.common.node import Node
 from gosched.common.states import HOLDS_RESOURCES, LEGAL, JobState, TaskState
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # One row per task, replaced by each report: the agent's count is its run's total so far.
 _RESTARTS_TABLE = """
 CREATE TABLE IF NOT EXISTS task_restarts (
@@ -63,6 +63,7 @@ _MIGRATIONS = {
     3: _RESTARTS_TABLE,  # _SCHEMA created it already (IF NOT EXISTS): kept as the step's record
     4: "ALTER TABLE tasks ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
     5: _BACKOFFS_TABLE,  # as 3
+    6: "ALTER TABLE tasks ADD COLUMN failing INTEGER NOT NULL DEFAULT -1",
 }
 
 Gpus = tuple[tuple[int, int], ...]
@@ -93,7 +94,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     bound_at REAL,
     updated  REAL NOT NULL,
     reason   TEXT NOT NULL DEFAULT '',
-    failures INTEGER NOT NULL DEFAULT 0  -- failures run again (Job.max_retries), over all attempts
+    failures INTEGER NOT NULL DEFAULT 0, -- failures run again (Job.max_retries), over all attempts
+    failing  INTEGER NOT NULL DEFAULT -1 -- the attempt whose failure is being run again, not counted yet
 ) WITHOUT ROWID;
 -- No index on (job_id, idx): it cost a B-tree insert per task submitted. The loads read every
 -- row anyway (load_jobs and load_bound, sorted by SQLite), the rest finds a task by task_id.
@@ -181,7 +183,18 @@ UPDATE tasks SET
 WHERE task_id = ?3 AND {_LEGAL_SQL}
 """
 _SET_REASON = "UPDATE tasks SET reason = ? WHERE task_id = ?"
-_COUNT_FAILURE = "UPDATE tasks SET failures = failures + 1 WHERE task_id = ?"
+# A failure to be run again is marked with its attempt first (Dispatcher.begin_retries), then
+# counted (on_retried): a restart between the binder's write that takes the task off its node (a
+# new attempt) and the count still counts it (Store.load_retried).
+_MARK_FAILING = "UPDATE tasks SET failing = attempt WHERE task_id = ?"
+_COUNT_FAILURE = "UPDATE tasks SET failures = failures + 1, failing = -1 WHERE task_id = ?"
+_CLEAR_FAILING = "UPDATE tasks SET failing = -1 WHERE task_id = ? AND failing >= 0"
+# At a restart: the marked failures whose task left its node (a later attempt) were run again, and
+# count; the others never left it (the binder's write did not happen) and are dropped.
+_COUNT_INTERRUPTED = (
+    "UPDATE tasks SET failures = failures + 1, failing = -1 WHERE failing >= 0 AND attempt > failing"
+)
+_DROP_INTERRUPTED = "UPDATE tasks SET failing = -1 WHERE failing >= 0"
 _SET_RETRY_AT = (
     "INSERT INTO backoffs (job_id, retry_at) VALUES (?, ?) "
     "ON CONFLICT (job_id) DO UPDATE SET retry_at = excluded.retry_at"
@@ -612,26 +625,35 @@ class Store:
         reasons: Mapping[str, str] | None = None,
         retried: Sequence[str] = (),
         retry_at: Mapping[str, float] | None = None,
+        failing: Sequence[str] = (),
+        settled: Sequence[str] = (),
     ) -> None:
         """Task state changes (dispatcher side: scheduled, pending, running, cancelled...), and
         `reasons` by task id: why a failed task failed, in its agent's words; `retried`: tasks whose
         failure is run again (Job.max_retries), each counted once more in its row; `retry_at` by
-        job id: the unix time its failed tasks' backoff ends.
+        job id: the unix time its failed tasks' backoff ends. `failing`: tasks whose failure is to
+        be run again, marked with their attempt before the binder takes them off their nodes (a
+        restart before they are counted counts them, load_retried); `settled`: marked tasks that
+        were not run again after all (the binder no longer held them), unmarked.
 
         Moving to pending (requeue) starts a new attempt and clears node and GPUs; other states keep
         the node the task ran on. A change applies only where the stored state may legally move
         to it (common.states.LEGAL): where the binder's writes moved the row on first, theirs
         stands (see _SET_STATE).
         """
-        if not changes and not reasons and not retried and not retry_at:
+        if not changes and not reasons and not retried and not retry_at and not failing and not settled:
             return
         t = time.time() if now is None else now
         with self._tx() as c:
             c.executemany(_SET_STATE, [(s.value, t, tid) for tid, s in changes])
             if reasons:
                 c.executemany(_SET_REASON, [(why, tid) for tid, why in reasons.items()])
+            if failing:
+                c.executemany(_MARK_FAILING, [(tid,) for tid in failing])
             if retried:
                 c.executemany(_COUNT_FAILURE, [(tid,) for tid in retried])
+            if settled:
+                c.executemany(_CLEAR_FAILING, [(tid,) for tid in settled])
             if retry_at:
                 c.executemany(_SET_RETRY_AT, list(retry_at.items()))
 
@@ -645,9 +667,16 @@ class Store:
         return {str(jid): float(at) for jid, at in rows}
 
     def load_retried(self) -> dict[str, int]:
-        """Per task id, how many of its failures were run again (only tasks with one or more)."""
-        with self._lock:
-            rows = self._conn.execute("SELECT task_id, failures FROM tasks WHERE failures > 0").fetchall()
+        """Per task id, how many of its failures were run again (only tasks with one or more).
+
+        Called at a restart, it first settles the failures marked `failing` and not counted: a
+        restart came between the dispatcher's mark and its count. One whose task has moved on to a
+        later attempt was taken off its node to run again, and counts; the others were not, and
+        are dropped (the task is still bound, as far as the store knows)."""
+        with self._tx() as c:
+            c.execute(_COUNT_INTERRUPTED)
+            c.execute(_DROP_INTERRUPTED)
+            rows = c.execute("SELECT task_id, failures FROM tasks WHERE failures > 0").fetchall()
         return {str(tid): int(n) for tid, n in rows}
 
     def load_failures(self) -> dict[str, str]:

@@ -1130,11 +1130,13 @@ class Dispatcher:
         cancelled, the task still holding its room): the caller takes them from their nodes as lost
         (a gang below its min_member with them) and calls on_retried.
 
-        Their backoff's end is stored first: the binder's write that takes them off their nodes
-        stores them pending, and a restart after it, before on_retried's write, then still waits
-        the backoff out. A restart before that write finds the task still bound and its job's
-        backoff stored: only the job's tasks pending then wait it out, as they would have after
-        on_retried. Nothing else changes here; on_retried does the rest."""
+        Their backoff's end is stored first, with each failure marked on its task's row: the
+        binder's write that takes them off their nodes stores them pending, and a restart after
+        it, before on_retried's write, then still waits the backoff out and counts the failure
+        (Store.load_retried), so no task gets a retry past max_retries. A restart before that
+        write finds the task still bound and its job's backoff stored: only the job's tasks pending
+        then wait it out, as they would have after on_retried, and the mark is dropped. Nothing
+        else changes here; on_retried does the rest."""
         out = []
         waits: dict[str, float] = {}
         base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
@@ -1150,9 +1152,14 @@ class Dispatcher:
                 delay = backoff_delay(base, cap, used + 1)
                 if delay:
                     waits[job_id] = max(waits.get(job_id, rec.retry_at), now + delay)
-        if self.store is not None and waits:
-            self.store.set_task_states([], retry_at=waits)
+        if self.store is not None and out:
+            self.store.set_task_states([], retry_at=waits, failing=out)
         return out
+
+    def _holds(self, tid: str) -> bool:
+        job_id, index = split_task_id(tid)
+        rec = self._jobs.get(job_id)
+        return rec is not None and rec.states[index] in HOLDS_RESOURCES
 
     def on_retried(
         self, retried: Sequence[str], released: Sequence[str], reasons: Mapping[str, str] | None = None
@@ -1162,6 +1169,9 @@ class Dispatcher:
         the retries it leaves."""
         gone = set(released)
         counted = [tid for tid in retried if tid in gone]  # the binder held them: none ended otherwise
+        # A restart between the binder's write and this one restored them as pending and counted
+        # their failures already (Store.load_retried): told, not counted again.
+        restored = {tid for tid in counted if not self._holds(tid)}
         told: dict[str, str] = {}
         waiting: dict[str, JobRecord] = {}  # jobs with a backoff to wait out
         base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
@@ -1169,7 +1179,8 @@ class Dispatcher:
         for tid in counted:
             job_id, index = split_task_id(tid)
             rec = self._jobs[job_id]
-            used = self._retried[tid] = self._retried.get(tid, 0) + 1
+            used = self._retried.get(tid, 0) + (tid not in restored)
+            self._retried[tid] = used
             why = (reasons or {}).get(tid, "")
             if why:
                 told[tid] = why
@@ -1191,11 +1202,14 @@ class Dispatcher:
         self._release(released, PENDING, None, gone, updates, told)  # an idle job parks (_wait_or_enqueue)
         for rec in waiting.values():
             self._back_off_failed(rec, now)
-        if self.store is not None and (updates or counted):
-            # One transaction (the backoff's end was stored before the binder's write too, by
-            # begin_retries): the pending state, the count and the backoff stand or fall together.
+        if self.store is not None and (updates or retried):
+            # One transaction (the backoff's end and the failure's mark were stored before the
+            # binder's write, by begin_retries): the pending state, the count and the backoff stand
+            # or fall together; the marks of tasks the binder no longer held are dropped.
             waits = {job_id: rec.retry_at for job_id, rec in waiting.items()}  # a restart waits them out
-            self.store.set_task_states(updates, reasons=told, retried=counted, retry_at=waits)
+            fresh = [tid for tid in counted if tid not in restored]
+            settled = [tid for tid in retried if tid not in fresh]
+            self.store.set_task_states(updates, reasons=told, retried=fresh, retry_at=waits, settled=settled)
 
     def _back_off_failed(self, rec: JobRecord, now: float) -> None:
         """A job with a failed task to run again is not queued before its retry_at. One already

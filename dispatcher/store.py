@@ -33,10 +33,14 @@ class JobStore(Protocol):
         reasons: Mapping[str, str] | None = None,
         retried: Sequence[str] = (),
         retry_at: Mapping[str, float] | None = None,
+        failing: Sequence[str] = (),
+        settled: Sequence[str] = (),
     ) -> object:
         """Persist task states, keyed by task id ("job/index"), why failed tasks failed
         (`reasons`, in their agents' words), the failed tasks run again (`retried`, counted), and
-        by job id when their backoff ends (`retry_at`, unix time)."""
+        by job id when their backoff ends (`retry_at`, unix time). `failing` marks failures about
+        to be run again, before the binder takes their tasks off their nodes, and `settled` drops
+        the marks of those it did not (see gosched.common.store.Store.set_task_states)."""
 
     def load_jobs(self) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
         """Every stored job with its tasks, in submission order."""
@@ -87,7 +91,11 @@ class MemoryStore:
         reasons: Mapping[str, str] | None = None,
         retried: Sequence[str] = (),
         retry_at: Mapping[str, float] | None = None,
+        failing: Sequence[str] = (),
+        settled: Sequence[str] = (),
     ) -> None:
+        # `failing` and `settled` are not kept: the binder's writes (the new attempt a mark is
+        # settled by) are never in this store, so a restart on it has nothing to settle.
         self.calls["set_task_states"] += 1
         self.retry_at.update(retry_at or {})
         for tid in retried:

@@ -241,3 +241,53 @@ def test_a_restart_between_the_binders_write_and_on_retried_still_waits_the_back
     restarted.run_until_idle()
     assert sorted(restarted.binder.state.task_row) == [task_id("j", 0)]
     restarted.close()
+
+
+@pytest.mark.parametrize("dies", ["after lose", "after begin_retries"])
+def test_a_restart_in_a_retry_counts_the_failure_once(dies: str, tmp_path: Path) -> None:
+    """max_retries 1: the first failure's retry is cut by the master dying after the binder's
+    write (the task stored pending, on_retried's count never written) or before it (the task
+    still bound). The restarted master counts that failure if the task left its node, and not
+    otherwise, so the next failure ends the job, or runs it its one time again."""
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, failure_backoff_s=0.0)
+    nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
+    tid = task_id("j", 0)
+    p = Pipeline(settings, nodes=nodes)
+    p.submit(make_job("j").cpu("1").max_retries(1).build())
+    p.run_until_idle()
+    again = p.dispatcher.begin_retries([tid])
+    if dies == "after lose":
+        assert p.binder.lose(again) == [tid]
+    p.close()
+    restarted = Pipeline(settings, nodes=nodes)
+    restarted.run_until_idle()
+    assert tid in restarted.binder.state.task_row  # running again, or still
+    restarted.complete([tid], TaskState.FAILED, {tid: "exit code 1"})
+    restarted.run_until_idle()
+    if dies == "after lose":  # its one retry was used: the job fails
+        assert restarted.dispatcher.job_state("j").value == "failed"
+        assert "no retry left (of 1)" in restarted.dispatcher.explain("j")
+    else:  # the first failure never took it off its node: this one is its retry
+        assert tid in restarted.binder.state.task_row
+        assert "retry 1 of 1" in restarted.dispatcher.explain("j")
+    restarted.close()
+
+
+def test_on_retried_after_a_restart_that_counted_the_failure_does_not_count_it_again(tmp_path: Path) -> None:
+    """The dispatcher restarted (restoring the failure as counted) between the binder's write and
+    on_retried, which then reaches the new dispatcher: the failure counts once."""
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, failure_backoff_s=0.0)
+    nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
+    tid = task_id("j", 0)
+    p = Pipeline(settings, nodes=nodes)
+    p.submit(make_job("j").cpu("1").max_retries(3).build())
+    p.run_until_idle()
+    again = p.dispatcher.begin_retries([tid])
+    gone = p.binder.lose(again)
+    fresh = Dispatcher(settings, store=p.store)  # the restarted dispatcher, on the same store
+    fresh.restore()
+    fresh.on_retried(again, gone, {tid: "exit code 1"})
+    assert p.store.load_retried() == {tid: 1}
+    assert "task 0 failed: exit code 1; run again (retry 1 of 3)" in fresh.explain("j")
+    assert "a task of its gang failed" not in fresh.explain("j")
+    p.close()

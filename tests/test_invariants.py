@@ -404,6 +404,8 @@ def test_a_master_that_dies_anywhere_in_a_retry_loses_nothing_and_waits_the_back
         assert_gangs_whole(q, batch)
         assert_one_state_each(q, batch)
         assert not [tid for tid in gone if tid in q.binder.state.task_row]  # the backoff holds them
+        # Each failure counts once if its task left its node, whichever write the master died after.
+        assert {tid: n for tid, n in q.dispatcher._retried.items() if n} == {tid: 1 for tid in again if gone}
         clock.now += backoff + 1.0
         q.run_until_idle(max_rounds=200)
         assert_not_overcommitted(q.binder.state)

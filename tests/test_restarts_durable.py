@@ -91,13 +91,14 @@ def test_a_store_of_schema_version_2_gains_the_restarts_table(tmp_path: Path) ->
     raw.executescript(SCHEMA_2)
     raw.close()
     with Store(db) as s:
-        assert s.schema_version == SCHEMA_VERSION == 5
+        assert s.schema_version == SCHEMA_VERSION == 6
         assert s.task_attempt("old/0") == 2  # the old rows are kept
         assert s.load_failures() == {"old": "task 1 failed: oom"}
         assert s.load_restarts() == []
         s.save_restarts([RestartRow("old", 0, 2, 4, "exit code 1", ENDED_AT, "n1")])
+        assert s.load_retried() == {}  # the failing column (schema version 6) starts unmarked
     with Store(db) as s:  # opened again: migrated once, the row still there
-        assert s.schema_version == 5
+        assert s.schema_version == 6
         assert s.load_restarts() == [RestartRow("old", 0, 2, 4, "exit code 1", ENDED_AT, "n1")]
 
 

@@ -204,7 +204,7 @@ def test_a_store_of_the_first_schema_is_brought_up_to_date(db: Path) -> None:
     )
     raw.close()
     with Store(db) as s:
-        assert s.schema_version == SCHEMA_VERSION == 5
+        assert s.schema_version == SCHEMA_VERSION == 6
         assert s.load_failures() == {}  # the old row is kept, with no reason
         assert s.task_nodes(["old/0"]) == {"old/0": ("n1", ())}
         s.add_jobs([make_job("j").cpu("1").replicas(2).build()])
@@ -213,6 +213,27 @@ def test_a_store_of_the_first_schema_is_brought_up_to_date(db: Path) -> None:
         s.set_task_states([], retry_at={"j": 1500.0})  # a failed task's backoff (schema version 5)
         s.set_task_states([], retry_at={"j": 2000.0})  # a later one replaces it
         assert s.load_retry_at(1000.0) == {"j": 2000.0} and s.load_retry_at(2000.0) == {}
+
+
+def test_a_marked_failure_counts_at_a_restart_only_if_its_task_left_its_node(db: Path) -> None:
+    """begin_retries marks the failure with the task's attempt; the binder's write moves the task
+    to a new attempt; on_retried counts and unmarks. A restart (load_retried) between the last two
+    counts a marked failure whose task moved on, and drops the mark of one that did not."""
+    with Store(db) as s:
+        s.add_jobs([make_job("j").cpu("1").replicas(3).build()])
+        s.commit(1, [(f"j/{i}", "n1", ()) for i in range(3)], [])  # bound
+        s.set_task_states([], failing=["j/0", "j/1", "j/2"])
+        s.set_task_states([("j/0", TaskState.PENDING), ("j/2", TaskState.PENDING)])  # the binder's write
+        s.set_task_states([], retried=["j/2"])  # on_retried's count, for j/2 only
+        assert s.load_retried() == {"j/0": 1, "j/2": 1}  # j/1 never left its node
+        s.set_task_states([("j/1", TaskState.PENDING)])  # a later release does not count its old mark
+        assert s.load_retried() == {"j/0": 1, "j/2": 1}
+    with Store(db) as s:
+        s.set_task_states([], failing=["j/0"])
+        s.set_task_states([], settled=["j/0"])  # not run again after all
+        s.commit(2, [("j/0", "n1", ())], [])
+        s.set_task_states([("j/0", TaskState.PENDING)])
+        assert s.load_retried() == {"j/0": 1, "j/2": 1}
 
 
 def test_nodes_round_trip(db: Path) -> None:
