@@ -6,7 +6,6 @@ import json
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import typer
@@ -16,7 +15,7 @@ from gosched.api.client import QueueInfo
 from gosched.api.convert import JobInfo, NodeInfo, TaskInfo
 from gosched.cli import humanize as h
 from gosched.common.resources import GPU_MILLI
-from gosched.common.spec import format_duration, job_to_spec
+from gosched.common.spec import format_duration, format_moment, job_to_spec
 from gosched.common.states import TaskState
 
 
@@ -145,11 +144,9 @@ def _gpus_held(gpus: Sequence[tuple[int, int]]) -> str:
 def _when(t: float) -> str:
     if not t:
         return "-"
-    try:
-        stamp = datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
-    except (OverflowError, ValueError, OSError):
-        # Past datetime's range (a deadline stored before specs refused those): the number itself.
-        return f"{t!r} (unix seconds)"
+    stamp = format_moment(t)
+    if stamp.endswith("(unix seconds)"):  # past datetime's range: no span to tell either
+        return stamp
     ahead = t - time.time()
     # A deadline may lie ahead; age() clamps negatives (clock skew) to 0s, so say "in" instead.
     return f"{stamp} (in {h.age(ahead)})" if ahead > 0 else f"{stamp} ({h.age(-ahead)} ago)"
