@@ -33,7 +33,7 @@ class QueuePolicy(enum.StrEnum):
     PRIORITY = "priority"  # priority with aging
     DRF = "drf"  # dominant resource fairness across tenants
     FAIR = "fair"  # weighted fair share across tenants
-    DEADLINE = "deadline"  # latest start (deadline less time_limit) first, then earliest deadline
+    DEADLINE = "deadline"  # earliest latest start (deadline less time_limit), then earliest deadline
 
 
 class QueueConfig(BaseModel):

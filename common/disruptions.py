@@ -12,12 +12,14 @@ cancelled) ends it. The notes, not the shard's view, tell: a plan of the shard's
 may hold the task in the view, or not, whatever the binder did."""
 
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 
 # TaskReleased reasons that take a task down (the others end it, or were never a disruption).
 DOWN_REASONS = frozenset({"preempted", "lost"})
 # The reason of the binder's note that a task is down (after its release, or in a snapshot): it
 # holds nothing, its job's budget counts it.
 DOWN = "down"
+_NONE: frozenset[str] = frozenset()
 
 
 class DownTasks:
@@ -56,6 +58,10 @@ class DownTasks:
 
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._job_of
+
+    def tasks_of(self, job_id: str) -> AbstractSet[str]:
+        """The job's tasks down, unordered (not to be changed)."""
+        return self._by_job.get(job_id, _NONE)
 
     def of_job(self, job_id: str) -> list[str]:
         return sorted(self._by_job.get(job_id, ()))

@@ -22,8 +22,9 @@ A shard's view lags the changes the dispatcher hears of: it learns them with its
 reply. So a shard's unschedulable verdict is trusted to reflect the cluster only as of the
 dispatcher's previous batch to that shard; a job judged on an older view is tried again after its
 backoff instead of going dormant, and without any change it goes dormant at once. So is a job whose
-preemption was held back only by the shard's own placements awaiting the binder (`settling`): they
-can be evicted once bound, and binding them is no change that wakes anyone. And so is any verdict of
+preemption was held back only by the shard's own plans awaiting the binder (`settling`): their
+placements can be evicted once bound, a disruption budget's count may change with their answer, and
+neither is a change that wakes anyone. And so is any verdict of
 a shard whose latest or previous reply refused some of its placements (`_refused_near`): the room
 they held in its view was free at the binder, and a refusal changes nothing there either.
 

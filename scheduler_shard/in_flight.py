@@ -13,22 +13,27 @@ _NONE: frozenset[str] = frozenset()
 
 
 class InFlightPlans:
-    __slots__ = ("_evicting", "_inflight", "_placed")
+    __slots__ = ("_evicting", "_inflight", "_placed", "asked")
 
     def __init__(self, inflight: Mapping[str, UnitContext]) -> None:
         self._inflight = inflight
         self._placed: set[str] | None = None  # None: not asked for yet in this call
         self._evicting: dict[str, set[str]] | None = None  # job id -> its budgeted tasks evicted
+        # Either was asked for: add and forget have something to keep up to date (the caller
+        # reads this before calling them, so a call with no victim search pays nothing more).
+        self.asked = False
 
     def placed(self) -> set[str]:
         """The task ids the plans in flight placed."""
         if self._placed is None:
+            self.asked = True
             self._placed = {r.task_id for ctx in self._inflight.values() for r in _placed(ctx)}
         return self._placed
 
     def evicting(self, job_id: str) -> AbstractSet[str]:
         """The tasks of `job_id` (a job with a disruption budget) the plans in flight evict."""
         if self._evicting is None:
+            self.asked = True
             self._evicting = {}
             for ctx in self._inflight.values():
                 self._note_evictions(ctx)

@@ -325,8 +325,9 @@ class Placer:
         later, wider locations (within the domain) for free room, then, with `assumed` (the pass
         searched no victims for them), the `last` location with a victim search: the profile's for
         tasks that each stand alone (min_member 1), capacity reclaim alone past a gang's minimum.
-        The rest are unschedulable, and not settling: nothing is left untried, so the verdict
-        holds until room frees, which wakes the job."""
+        The rest are unschedulable, and not settling unless the victim search was held back by
+        the shard's plans in flight: nothing else is left untried, so the verdict holds until room
+        frees, which wakes the job."""
         for at, location in enumerate(later):
             if not unplaced:
                 return None

@@ -194,8 +194,8 @@ class Pricer:
     ) -> None:
         self.state, self.ctx = state, ctx
         self.plans = plans  # this shard's other units still awaiting the binder
-        # A budget refused an eviction while a task it counts as down is being placed again by a
-        # plan in flight: the refusal holds only until the binder answers that plan.
+        # A budget refused an eviction on a count a plan in flight may change (it evicts one of the
+        # job's tasks, or places one down again): the refusal holds only until that plan's answer.
         self.coming_back = False
         job = ctx.unit.job
         self.own_job, self.own_queue = job.id, job.queue
@@ -263,7 +263,7 @@ class Pricer:
         tasks down again."""
         if evicting:
             return True
-        down = self.state.down_tasks.of_job(job)
+        down = self.state.down_tasks.tasks_of(job)
         return bool(down) and self.plans is not None and not self.plans.placed().isdisjoint(down)
 
     def price(self, victims: list[Resident]) -> tuple[int, int] | None:
@@ -288,10 +288,11 @@ class Pricer:
                 down = down_tasks.count(job)  # down already: evicted or lost, not back
                 # Evicted by this shard's other plans at the binder: down once it commits them.
                 evicting = _NONE if self.plans is None else self.plans.evicting(job)
-                if evicting:
-                    down += sum(1 for tid in evicting if tid not in down_tasks)
-                if down + after[0] > budget:
+                going = sum(1 for tid in evicting if tid not in down_tasks) if evicting else 0
+                if down + going + after[0] > budget:
                     already = f", {down} down already" if down else ""
+                    if going:
+                        already += f"{' and' if down else ','} {going} being evicted"
                     self.refused = f"job {first.job_id}'s disruption budget ({budget}{already})"
                     if not self.coming_back:
                         self.coming_back = self._may_come_back(job, evicting)
@@ -594,7 +595,7 @@ def find_candidate(
             protected[pricer.refused] = protected.get(pricer.refused, 0) + 1
     if not candidates:
         # Bound, those placements could be evicted (or, bound again, a task down gives its job's
-        # budget room back): the verdict holds only until they are.
+        # budget room back; refused, an eviction in flight does): the verdict holds until then.
         ctx.victims_in_flight = ctx.victims_in_flight or held_back
         ctx.budget_in_flight = ctx.budget_in_flight or pricer.coming_back
         for why, nodes in protected.items():

@@ -133,7 +133,8 @@ class SchedulerShard:
             stale = inflight.pop(job.id, None)
             if stale is not None:  # the job was dispatched again (a restart): its old plan is void
                 stale.undo(state)
-                assumed.forget(stale)
+                if assumed.asked:
+                    assumed.forget(stale)
             if learning and unit.attempt == 0:
                 for group in job.groups:
                     if group.resources.wants_gpu:
@@ -141,7 +142,8 @@ class SchedulerShard:
             ctx, leftover = schedule_unit(unit, state, own, assumed)
             if ctx is not None:
                 inflight[job.id] = ctx
-                assumed.add(ctx)
+                if assumed.asked:
+                    assumed.add(ctx)
                 placements = ctx.placements
                 proposals.append(
                     Proposal(

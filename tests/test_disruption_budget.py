@@ -205,7 +205,7 @@ def test_a_refusal_counted_with_a_plan_in_flight_is_settling_and_says_so(tmp_pat
     (verdict,) = out.unschedulable
     assert verdict.job_id == "h1" and verdict.settling
     message = verdict.diagnosis.message()
-    assert "job svc's disruption budget (1, 1 down already)" in message
+    assert "job svc's disruption budget (1, 1 being evicted)" in message
     assert "count may change when this shard's plans at the binder are answered" in message
     assert "still being bound" not in message  # no victim was passed over for being in flight
     p.close()

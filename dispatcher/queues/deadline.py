@@ -1,8 +1,8 @@
-"""Latest start first: the job that must start soonest to end by its deadline (the deadline less
-its time_limit, dispatcher/deadlines.start_by) goes first, as least-laxity scheduling has it, and
-is the one the deadline check would cancel first. Without a time_limit that is its deadline
-(earliest deadline first); at equal latest starts, the earlier deadline. Jobs without a deadline
-come after all that have one, by submission."""
+"""Earliest latest start first: the job that must start soonest to end by its deadline (the
+deadline less its time_limit, dispatcher/deadlines.start_by) goes first, as least-laxity
+scheduling has it, and is the one the deadline check would cancel first. Without a time_limit
+that is its deadline (earliest deadline first); at equal latest starts, the earlier deadline.
+Jobs without a deadline come after all that have one, by submission."""
 
 import math
 from typing import Any
