@@ -79,6 +79,7 @@ from gosched.dispatcher.records import (
     FinishedJob,
     JobRecord,
     failure_line,
+    gang_failed,
     job_state_of,
     queued_records,
     with_failure,
@@ -194,6 +195,9 @@ class Dispatcher:
         # The jobs a deadline cancelled since the runtime last took them (take_deadline_cancels): the
         # binder refuses a late proposal of theirs, which may name victims, as after a user's cancel.
         self._deadline_cancels: list[str] = []
+        # Gangs stopped since on_released last returned (a task failed for good and the others
+        # can no longer make min_member): job id -> its tasks that held resources, to free.
+        self._aborted: dict[str, list[str]] = {}
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -1061,16 +1065,23 @@ class Dispatcher:
         reasons: Mapping[str, str] | None = None,
         *,
         again: Collection[str] = (),
-    ) -> None:
+    ) -> dict[str, list[str]]:
         """Tasks that stopped holding resources: finished (succeeded, failed, cancelled), or back to
         pending (PENDING: node lost; PREEMPTED: evicted) and then queued again. `reasons`: why a
         failed task failed (its agent's words), kept as the job's note for explain. `again`: the
-        pending ones that failed and run again (on_retried): their failure is their note."""
+        pending ones that failed and run again (on_retried): their failure is their note.
+
+        Returns the gangs a failure for good stopped (the others could no longer make the job's
+        min_member: it has failed, its other tasks are cancelled), by job id, with their tasks
+        that held resources: the caller frees them at the binder as a cancel's are
+        (Binder.cancel_job), which stops them on their nodes."""
         updates: Updates = []
         told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
         self._release(task_ids, final_state, reasons, again, updates, told)
         if self.store is not None and (updates or told):
             self.store.set_task_states(updates, reasons=told)
+        aborted, self._aborted = self._aborted, {}
+        return aborted
 
     def _release(
         self,
@@ -1120,6 +1131,10 @@ class Dispatcher:
                     if used and used >= rec.job.max_retries:
                         line += f"; no retry left (of {used})"
                     rec.failure = with_failure(rec.failure, line)
+                min_member = rec.job.min_member
+                if final_state is FAILED and not rec.cancelled and gang_failed(rec.states, min_member):
+                    freed = self._abort_gang(rec, index, updates) or freed
+                    continue
                 if rec.where is INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)
@@ -1279,6 +1294,23 @@ class Dispatcher:
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         return [task_id(job_id, i) for i in holding]
+
+    def _abort_gang(self, rec: JobRecord, index: int, updates: Updates) -> bool:
+        """Task `index` of a gang failed for good, and the others can no longer make its
+        min_member: the job has failed (a DDP rank's peers would wait for it for ever). Its other
+        tasks are cancelled, as Kubeflow's training jobs and JobSet's failure policy stop them, and
+        those that held resources are handed to the caller to free (on_released's answer).
+        Returns whether any held resources."""
+        failed = sum(1 for s in rec.states if s is FAILED)
+        note = (
+            f"stopped: task {index} failed with no retry left, and with {failed} of its "
+            f"{len(rec.states)} tasks failed the gang cannot reach its min_member of {rec.job.min_member}"
+        )
+        holding = self._cancel_record(rec, note, updates)
+        log.info("job %s failed: %s", rec.job_id, note)
+        if holding:
+            self._aborted[rec.job_id] = [task_id(rec.job_id, i) for i in holding]
+        return bool(holding)
 
     def _cancel_record(self, rec: JobRecord, note: str, updates: Updates) -> list[int]:
         """cancel() on the record, its store writes added to `updates`; returns the indexes of its

@@ -230,10 +230,20 @@ class FinishedJob:
     note: str
 
 
+def gang_failed(states: list[TaskState] | tuple[TaskState, ...], min_member: int) -> bool:
+    """So many of a gang's tasks failed for good that the others can no longer make its
+    min_member: the job has failed, and its other tasks are stopped (Dispatcher._abort_gang)."""
+    if min_member <= 1:
+        return False
+    failed = sum(1 for s in states if s is TaskState.FAILED)
+    return failed > len(states) - min_member
+
+
 def job_state_of(
     states: list[TaskState] | tuple[TaskState, ...], min_member: int, cancelled: bool
 ) -> JobState:
-    if cancelled:
+    # A gang stopped for its failed tasks is failed, though its other tasks end cancelled.
+    if cancelled and not gang_failed(states, min_member):
         return JobState.CANCELLED
     if all(s in TERMINAL for s in states):
         if TaskState.FAILED in states:

@@ -125,7 +125,9 @@ class Pipeline:
                 retried = set(again)
                 task_ids = [t for t in task_ids if t not in retried]
         released = self.binder.release(task_ids, final.value)
-        self.dispatcher.on_released(released, final, reasons)
+        # A gang a failure for good stopped: its other tasks are freed as a cancel's are.
+        for job_id, holding in self.dispatcher.on_released(released, final, reasons).items():
+            self.binder.cancel_job(job_id, holding)
         self.sync_shards()  # see the room now: a verdict on the old view would be trusted
 
     def cancel(self, job_id: str) -> None:

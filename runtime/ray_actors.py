@@ -374,8 +374,8 @@ class DispatcherCore:
 
     def on_released(
         self, task_ids: Sequence[str], final_state: str, reasons: Mapping[str, str] | None = None
-    ) -> None:
-        self.dispatcher.on_released(task_ids, TaskState(final_state), reasons)
+    ) -> dict[str, list[str]]:
+        return self.dispatcher.on_released(task_ids, TaskState(final_state), reasons)
 
     def begin_retries(self, task_ids: Sequence[str]) -> list[str]:
         return self.dispatcher.begin_retries(task_ids)

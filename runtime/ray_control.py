@@ -438,7 +438,13 @@ class RayControl:
                 retried = set(again)
                 task_ids = [t for t in task_ids if t not in retried]
         released: list[str] = ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
-        ray.get(self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {})))
+        aborted: dict[str, list[str]] = ray.get(
+            self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {}))
+        )
+        # A gang a failure for good stopped: its other tasks are freed as a cancel's are.
+        if aborted:
+            binder = self.rs.binder
+            ray.get([binder.cancel_job.remote(job_id, holding) for job_id, holding in aborted.items()])
         self._resync_shards()
 
     @_answered()

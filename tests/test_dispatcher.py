@@ -149,13 +149,17 @@ def test_a_failure_reason_stays_in_explain_while_the_job_runs_on_and_after_it_en
 
 def test_a_gangs_first_failure_stays_beside_the_latest() -> None:
     d, _ = dispatcher()
-    d.submit(make_job("g").cpu("1").replicas(3).min_member(3).build())
+    d.submit(make_job("g").cpu("1").replicas(3).min_member(2).build())
     d.on_reply(accept(units(d.next_batches())))
-    d.on_released(["g/1"], TaskState.FAILED, {"g/1": "exit code 1 (on n0)"})
-    d.on_released(["g/2"], TaskState.FAILED, {"g/2": "killed by signal SIGKILL (on n0)"})
+    assert d.on_released(["g/1"], TaskState.FAILED, {"g/1": "exit code 1 (on n0)"}) == {}  # 2 left
+    # The second leaves one task, below min_member: the job fails and task 0 is to be stopped.
+    stopped = d.on_released(["g/2"], TaskState.FAILED, {"g/2": "killed by signal SIGKILL (on n0)"})
+    assert stopped == {"g": ["g/0"]}
     text = d.explain("g")
     assert "task 1 failed: exit code 1 (on n0)" in text  # the cause
     assert "latest: task 2 failed: killed by signal SIGKILL (on n0)" in text
+    assert "stopped: task 2 failed with no retry left, and with 2 of its 3 tasks failed" in text
+    assert d.job_state("g") is JobState.FAILED
 
 
 def test_retry_still_goes_to_the_least_loaded_shard():

@@ -112,10 +112,14 @@ def test_a_failed_gang_member_runs_again_with_its_gang_until_its_retries_are_use
         control.finished(["g/1"], TaskState.FAILED, {"g/1": "exit code 1"})  # its own first retry
         _bound(control, "g")
         control.finished(["g/0"], TaskState.FAILED, {"g/0": "exit code 3 (on sim-1)"})  # no retry left
-        assert _states(control, "g")[1][0] is TaskState.FAILED
-        assert "task 0 failed: exit code 3 (on sim-1); no retry left (of 1)" in control.explain("g")
-        control.finished(["g/1"], TaskState.SUCCEEDED)  # a failure with none left is the job's end
-        assert _states(control, "g") == (JobState.FAILED, [TaskState.FAILED, TaskState.SUCCEEDED])
+        # A failure with none left is the job's end: the gang cannot be whole again, so its mate is
+        # stopped (freed at the binder, which stops it on its node), not left running alone.
+        assert _states(control, "g") == (JobState.FAILED, [TaskState.FAILED, TaskState.CANCELLED])
+        explained = control.explain("g")
+        assert "task 0 failed: exit code 3 (on sim-1); no retry left (of 1)" in explained
+        assert "stopped: task 0 failed with no retry left" in explained
+        control.finished(["g/1"], TaskState.SUCCEEDED)  # its run's late end changes nothing
+        assert _states(control, "g") == (JobState.FAILED, [TaskState.FAILED, TaskState.CANCELLED])
         # A job without retries fails at its first failure, as before.
         control.submit_many([make_job("once").cpu("1").build()])
         _bound(control, "once")

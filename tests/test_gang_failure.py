@@ -1,0 +1,85 @@
+"""A gang whose tasks failed for good (no retry left) so that the others can no longer make its
+min_member has failed: its other tasks are stopped (cancelled, freed at the binder), as Kubeflow's
+training jobs and JobSet's failure policy stop theirs, not left running alone. An elastic gang
+that still can make its minimum runs on, and a job of min_member 1 is no gang. In process, on
+real SQLite, across a restart."""
+
+from pathlib import Path
+
+import pytest
+
+from gosched.common.config import Settings
+from gosched.common.job import Job
+from gosched.common.states import JobState, TaskState
+from gosched.runtime.pipeline import Pipeline
+from tests.builders import make_job, make_node
+
+F, C, B, S = TaskState.FAILED, TaskState.CANCELLED, TaskState.BOUND, TaskState.SUCCEEDED
+
+
+def _pipeline(tmp_path: Path) -> Pipeline:
+    settings = Settings(
+        store_path=str(tmp_path / "gs.db"), shards=1, failure_backoff_s=0.0, retry_backoff_s=0.0
+    )
+    nodes = [make_node(f"n{i}").cpu("2").mem("8Gi").build() for i in range(4)]
+    return Pipeline(settings, nodes=nodes)
+
+
+def _tasks(p: Pipeline, job: Job) -> list[TaskState]:
+    return p.dispatcher.task_states(job.id)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "min_member", "ends", "state", "tasks"),
+    [
+        # (task, how it ended) in turn; then the job's state and its tasks'
+        (2, 2, [(1, F)], JobState.FAILED, [C, F]),  # a pair: its mate is stopped
+        (3, 3, [(0, F)], JobState.FAILED, [F, C, C]),
+        (4, 2, [(3, F)], JobState.RUNNING, [B, B, B, F]),  # elastic: 3 left, 2 needed
+        (4, 2, [(3, F), (2, F)], JobState.RUNNING, [B, B, F, F]),
+        (4, 2, [(3, F), (2, F), (1, F)], JobState.FAILED, [C, F, F, F]),
+        (2, 2, [(0, S), (1, F)], JobState.FAILED, [S, F]),  # nothing left to stop
+        (2, 1, [(1, F)], JobState.RUNNING, [B, F]),  # no gang: the other runs on
+    ],
+)
+def test_a_gang_that_can_no_longer_make_its_minimum_fails_and_stops_its_other_tasks(
+    replicas: int,
+    min_member: int,
+    ends: list[tuple[int, TaskState]],
+    state: JobState,
+    tasks: list[TaskState],
+    tmp_path: Path,
+) -> None:
+    p = _pipeline(tmp_path)
+    job = make_job("g").cpu("1").replicas(replicas).min_member(min_member).build()
+    p.submit(job)
+    p.run_until_idle()
+    assert _tasks(p, job) == [B] * replicas
+    for index, end in ends:
+        p.complete([f"g/{index}"], end, {f"g/{index}": "exit code 1"} if end is F else None)
+    assert p.dispatcher.job_state("g") is state
+    assert _tasks(p, job) == tasks
+    # The binder holds exactly the tasks still bound: the stopped ones are freed on their nodes.
+    held = sorted(tid for tid in p.binder.state.task_row if tid.startswith("g/"))
+    assert held == [f"g/{i}" for i, s in enumerate(tasks) if s is B]
+    if state is JobState.FAILED and C in tasks:
+        assert "the gang cannot reach its min_member" in p.dispatcher.explain("g")
+    p.close()
+
+
+def test_a_stopped_gang_is_still_failed_after_a_restart_and_its_room_is_taken_by_others(
+    tmp_path: Path,
+) -> None:
+    p = _pipeline(tmp_path)
+    p.submit(make_job("g").cpu("2").replicas(4).min_member(4).build())  # the whole cluster
+    p.submit(make_job("next").cpu("2").build())
+    p.run_until_idle()
+    assert p.dispatcher.job_state("next") is JobState.PENDING
+    p.complete(["g/2"], F, {"g/2": "exit code 1"})
+    p.run_until_idle()
+    assert p.dispatcher.job_state("g") is JobState.FAILED
+    assert p.dispatcher.job_state("next") is JobState.RUNNING  # the stopped tasks' room is free
+    p.close()
+    again = _pipeline(tmp_path)
+    assert again.dispatcher.job_state("g") is JobState.FAILED  # not "cancelled": restore agrees
+    again.close()
