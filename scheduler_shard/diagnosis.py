@@ -7,6 +7,7 @@ import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
 from gosched.common.messages import GANG_APART_REASON, Diagnosis
+from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.scheduler_shard.framework.interfaces import Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
@@ -52,3 +53,27 @@ def diagnose(
         # Nodes that pass each filter alone but not the unit as a whole (the gang did not fit).
         counts[GANG_APART_REASON] = int(np.count_nonzero(remaining))
     return Diagnosis(total_nodes=int(alive.sum()), ruled_out=counts, note=note)
+
+
+def most_on_empty_nodes(req: ResourceRequest, state: ClusterArrays, usable: Mask) -> int:
+    """At most how many tasks asking `req` the `usable` rows (alive, past the static filters) would
+    hold with nothing on them: each node's capacity over the request, per resource. An upper
+    bound (a GPU too small for gpu_memory_mib on a node that has bigger ones counts), so a gang
+    needing more can never be placed on this cluster as it is, however long it waits."""
+    n = state.n
+    rows = usable[:n] & state.alive[:n]
+    fits = np.where(rows, np.int64(1) << 40, 0)  # no resource asked: unbounded per node
+    if req.cpu_milli > 0:
+        fits = np.minimum(fits, state.cpu_cap[:n] // req.cpu_milli)
+    if req.memory > 0:
+        fits = np.minimum(fits, state.mem_cap[:n] // req.memory)
+    gpus = state.gpu_count[:n].astype(np.int64)
+    if req.gpus > 0:
+        fits = np.minimum(fits, gpus // req.gpus)
+    elif req.gpu_milli > 0:
+        fits = np.minimum(fits, gpus * (GPU_MILLI // req.gpu_milli))
+    for name, amount in req.extended:
+        col = state.ext_col(name)
+        if amount > 0:
+            fits = np.minimum(fits, 0 if col is None else state.ext_cap[:n, col] // amount)
+    return int(np.minimum(fits, 1 << 40).sum())

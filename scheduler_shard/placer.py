@@ -21,8 +21,8 @@ import numpy.typing as npt
 
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.messages import Diagnosis, Placement, Unit, Unschedulable
-from gosched.scheduler_shard.class_cache import ALL_ROWS, NEG_INF, ClassCache, best_row
-from gosched.scheduler_shard.diagnosis import diagnose
+from gosched.scheduler_shard.class_cache import ALL_ROWS, NEG_INF, ClassCache, ClassEntry, best_row
+from gosched.scheduler_shard.diagnosis import diagnose, most_on_empty_nodes
 from gosched.scheduler_shard.framework.interfaces import GroupingPlugin, Mask
 from gosched.scheduler_shard.framework.profile import Profile
 from gosched.scheduler_shard.framework.task_class import TaskClass
@@ -73,6 +73,10 @@ class Placer:
         self._preempts = bool(profile.preemption and profile.victim_searching)
         # The victim searching a task past its job's min_member may still do (capacity reclaim).
         self._past_minimum = [p for p in profile.victim_searching if not isinstance(p, ForStarvingJobs)]
+        # Per class entry (by id, the entry kept beside its count), how many of its tasks the
+        # nodes would hold empty (_never_fits), for the node metadata of _most_generation.
+        self._most: dict[int, tuple[ClassEntry, int]] = {}
+        self._most_generation = -1
 
     def schedule_unit(
         self,
@@ -341,6 +345,29 @@ class Placer:
             return None
         return self._unschedulable(ctx, state, unplaced)
 
+    def _never_fits(self, unit: Unit, state: ClusterArrays) -> str:
+        """For a gang of one task group that the cluster's nodes could not hold even empty: says
+        so, as Slurm refuses a job larger than its partition (it waits here, for nodes to join)."""
+        job = unit.job
+        if job.min_member <= 1 or len(job.groups) != 1:
+            return ""
+        group = job.groups[0]
+        entry = self.cache.entry(group, state)
+        if self._most_generation != state.meta_generation:  # capacities and filters as they were
+            self._most.clear()
+            self._most_generation = state.meta_generation
+        known = self._most.get(id(entry))
+        if known is None or known[0] is not entry:
+            most = most_on_empty_nodes(group.resources, state, entry.static_ok)
+            known = self._most[id(entry)] = (entry, most)
+        most = known[1]
+        if most >= job.min_member:
+            return ""
+        return (
+            f"it can never fit as the cluster is: even empty, the nodes it may use hold at most {most} "
+            f"of its tasks, and its gang needs {job.min_member}"
+        )
+
     def _unschedulable(self, ctx: UnitContext, state: ClusterArrays, indexes: list[int]) -> Unschedulable:
         unit = ctx.unit
         diagnosis = self._diagnosis
@@ -352,6 +379,9 @@ class Placer:
                 else ""
             )
             diagnosis = self._diagnose(tc, state, ctx, note)
+        never = self._never_fits(unit, state)
+        if never:
+            diagnosis = replace(diagnosis, note="; ".join(filter(None, (diagnosis.note, never))))
         if ctx.victims_in_flight:  # say why a preemptor waits ("why pending")
             note = "; ".join(filter(None, (diagnosis.note, IN_FLIGHT_VICTIMS_NOTE)))
             diagnosis = replace(diagnosis, note=note)
