@@ -214,6 +214,29 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         assert "latest: task 0 failed: exit code 4 (on n1); no retry left (of 2)" in explained
 
 
+def test_a_gang_member_failing_for_good_stops_its_mate_on_the_agent(tmp_path: Path) -> None:
+    """Task 1 fails with no retry left; task 0 (a long sleep) is stopped on its node at once,
+    not left to run alone, and the job ends failed."""
+    pair = 'if [ "$GOSCHED_TASK_INDEX" = 1 ]; then exit 7; fi; sleep 60'
+    with (
+        master_at(tmp_path / "g.db") as master,
+        agents_of(master, tmp_path, "n1") as (agent,),
+        Client(master.target, timeout=10) as client,
+    ):
+        started = time.monotonic()
+        client.submit({"id": "pair", "cpu": "0.1", "replicas": 2, "min_member": 2, "command": [pair]})
+        wait_for("pair failed", lambda: client.get("pair").state is JobState.FAILED, timeout=30)
+        wait_for(
+            "its mate stopped",
+            lambda: any("pair/0" in line and "started" not in line for line in agent.lines),
+        )
+        print(agent.lines)
+        assert time.monotonic() - started < 30  # not the sleep's 60 s
+        states = [t.state for t in client.get("pair").tasks]
+        assert states == [TaskState.CANCELLED, TaskState.FAILED], states
+        assert "stopped: task 1 failed with no retry left" in client.explain("pair")
+
+
 def test_a_failed_tasks_backoff_outlives_a_restart(tmp_path: Path) -> None:
     control = _local(tmp_path, failure_backoff_s=60, failure_backoff_max_s=60)
     try:
