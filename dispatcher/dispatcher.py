@@ -1094,6 +1094,7 @@ class Dispatcher:
     ) -> None:
         """on_released's work, its store writes added to `updates` and `told` for the caller."""
         freed = False
+        failed_gangs: dict[str, int] = {}  # gangs a task of failed for good: its latest failed index
         for tid in task_ids:
             job_id, index = split_task_id(tid)
             rec = self._jobs.get(job_id)
@@ -1131,13 +1132,15 @@ class Dispatcher:
                     if used and used >= rec.job.max_retries:
                         line += f"; no retry left (of {used})"
                     rec.failure = with_failure(rec.failure, line)
-                min_member = rec.job.min_member
-                if final_state is FAILED and not rec.cancelled and gang_failed(rec.states, min_member):
-                    freed = self._abort_gang(rec, index, updates) or freed
-                    continue
+                if final_state is FAILED and rec.job.min_member > 1:
+                    failed_gangs[job_id] = index  # judged once the call's other ends are in
                 if rec.where is INFLIGHT and not rec.n_scheduled:
                     self._resolve(rec, self.clock(), backoff=False)
                 self._maybe_finish(rec)
+        for job_id, index in failed_gangs.items():
+            rec = self._jobs.get(job_id)  # gone: every task ended
+            if rec is not None and not rec.cancelled and gang_failed(rec.states, rec.job.min_member):
+                freed = self._abort_gang(rec, index, updates) or freed
         if freed:
             self.notify_cluster_changed()
 

@@ -83,3 +83,17 @@ def test_a_stopped_gang_is_still_failed_after_a_restart_and_its_room_is_taken_by
     again = _pipeline(tmp_path)
     assert again.dispatcher.job_state("g") is JobState.FAILED  # not "cancelled": restore agrees
     again.close()
+
+
+def test_tasks_failing_in_one_report_all_end_failed_and_only_the_rest_are_stopped(tmp_path: Path) -> None:
+    """Two of a 3-gang's tasks fail in the same report: both end failed (in the store too: the
+    binder wrote them so), and only the third is stopped. The invariants test found the first
+    cut cancelling the second failed task as a mate of the first."""
+    p = _pipeline(tmp_path)
+    job = make_job("g").cpu("1").replicas(3).min_member(3).build()
+    p.submit(job)
+    p.run_until_idle()
+    p.complete(["g/0", "g/1"], F, {"g/0": "exit code 1", "g/1": "exit code 2"})
+    assert _tasks(p, job) == [F, F, C]
+    assert [p.store.task_state(f"g/{i}") for i in range(3)] == [F, F, C]
+    p.close()
