@@ -610,8 +610,9 @@ class SchedulerService:
             if holding and not force:
                 shown = ", ".join(sorted(holding)[:5]) + (", ..." if len(holding) > 5 else "")
                 raise FailedPrecondition(
-                    f"node {name} holds {len(holding)} task(s) ({shown}): drain it and let them end, "
-                    "or delete it with force to queue them again"
+                    f"node {name} holds {len(holding)} task(s) ({shown}): drain it (gosched drain {name}) "
+                    f"and let them end, or force it (gosched delete-node {name} --force; force in the "
+                    "DeleteNode request) to queue them again"
                 )
             try:
                 requeued = self.control.remove_node(name)

@@ -18,6 +18,9 @@ from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Taint, TaintEffect
 from gosched.common.quantity import parse_bytes, parse_count, parse_milli
 from gosched.common.secret_files import SecretFileError
 from gosched.common.spec import (
+    BUILTIN_RESOURCES as SPEC_BUILTIN_RESOURCES,  # the names a job spec's `extended` refuses too
+)
+from gosched.common.spec import (
     MAX_EXTENDED,
     label_key_problem,  # the spec's own rule for resource names
 )
@@ -67,14 +70,13 @@ def _quantity(flag: str, text: str | None, parse: Callable[[str, str], int]) -> 
 # What a node has built in, which an extended resource of the same name would shadow or double:
 # CPUs and memory (--cpus, --memory) and the NVIDIA GPUs the agent finds through NVML (and counts
 # itself: `nvidia.com/gpu` is the Kubernetes device plugin's name for them). Compared in lowercase.
-BUILTIN_RESOURCES = {
+# The names are the job spec's (common/spec.py), which refuses them under a job's `extended` too.
+_BUILTIN_SOURCES = {
     "cpu": "the machine's CPUs (--cpus)",
-    "cpus": "the machine's CPUs (--cpus)",
     "memory": "the machine's memory (--memory)",
-    "gpu": "the NVIDIA GPUs the agent finds itself",
     "gpus": "the NVIDIA GPUs the agent finds itself",
-    "nvidia.com/gpu": "the NVIDIA GPUs the agent finds itself",
 }
+BUILTIN_RESOURCES = {name: _BUILTIN_SOURCES[field] for name, field in SPEC_BUILTIN_RESOURCES.items()}
 COUNT_RULE = f"a whole number from 1 to {MAX_EXTENDED}"  # a job spec takes up to MAX_EXTENDED too
 
 

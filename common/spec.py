@@ -8,8 +8,9 @@ every valid job in canonical form (mapping-like pairs sorted by key, as `job_fro
 
 Job spec (every key optional unless marked)::
 
-    id: train-42               # [A-Za-z0-9._-], <= 128 chars; absent: "job-<12 hex>", random, or
-                               #   with a submission_id a digest of it (generated_job_id)
+    id: train-42               # [A-Za-z0-9._-], starting with a letter or digit, <= 128 chars;
+                               #   absent: "job-<12 hex>", random, or with a submission_id a
+                               #   digest of it (generated_job_id)
     tenant: team-a             # queue-name syntax (QueueConfig.name): [a-z0-9]([-a-z0-9_.]*[a-z0-9])?
     queue: default             # same syntax; must be one of known_queues when those are given
     priority: 0                # int in [-1000000, 1000000]
@@ -27,7 +28,8 @@ Job spec (every key optional unless marked)::
                                #   down at once through preemption (evicted or lost, not yet back)
     time_limit: 1h30m          # how long each task may run from its start (then it is stopped and
                                #   fails): seconds as a number, or "90s", "45m", "2h", "1d", "1h30m",
-                               #   or Slurm's "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS";
+                               #   or Slurm's "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"
+                               #   (a bare number in a string, "90", is refused: Slurm means minutes);
                                #   at most 365 days; null: no limit
     max_retries: 3             # times each task is run again after it fails, 0..1000 (default 0)
     submit_time: 1735680000.0  # default: `now` (or the current time). Within 60 s of now when now is
@@ -49,7 +51,7 @@ Job spec (every key optional unless marked)::
           gpu_share: 0.25      # or the share as a fraction of one GPU: 0.001..0.999 ("250m" too)
           gpu_milli: 250       # or the share in milli-GPU: 1..999
           gpu_memory: 40Gi     # each assigned GPU must have this much memory (or gpu_memory_mib: 40960)
-          extended: {example.com/fpga: 1}
+          extended: {example.com/fpga: 1}   # not cpu, memory, gpu(s), nvidia.com/gpu: the keys above
         gpu_models: [A100, H100]          # acceptable models; empty: any
         gpu_topology: single-numa  # preferred (default): GPUs on one NUMA node, NVLinked, when free;
                                    #   single-numa: all whole GPUs on one NUMA node, or wait;
@@ -161,12 +163,28 @@ MAX_RETRIES = 1000
 
 _MISSING: Any = object()  # "key absent", distinct from an explicit null
 
-_ID = re.compile(r"[A-Za-z0-9._-]+")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# What ids of jobs taken before they had to start with a letter or digit are: still readable.
+_OLD_ID = re.compile(r"[A-Za-z0-9._-]+")
 _QUEUE_NAME = re.compile(NAME_PATTERN.strip("^$"))
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+
+# Resources a node has built in, which a task asks for with its own fields, by the names an
+# `extended` entry might give them (compared in lowercase), each with that field: no node advertises
+# an extended resource of such a name (the agent refuses it, cli/agent_cmd.py), so a task asking for
+# one would pend forever. `nvidia.com/gpu` is the Kubernetes device plugin's name for GPUs.
+BUILTIN_RESOURCES = {
+    "cpu": "cpu",
+    "cpus": "cpu",
+    "memory": "memory",
+    "gpu": "gpus",
+    "gpus": "gpus",
+    "nvidia.com/gpu": "gpus",
+}
+_BUILTIN_EXAMPLES = {"cpu": "cpu: 2", "memory": "memory: 16Gi", "gpus": "gpus: 1"}
 
 _RESOURCE_KEYS = frozenset(
     {"cpu", "memory", "gpus", "gpu_share", "gpu_milli", "gpu_memory", "gpu_memory_mib", "extended"}
@@ -347,10 +365,14 @@ def generated_job_id(submission_id: str = "") -> str:
     return f"job-{uuid.uuid4().hex[:12]}"
 
 
-def _job_id(value: object, path: str, submission_id: str) -> str:
+def _job_id(value: object, path: str, submission_id: str, new: bool) -> str:
+    """The id a spec names (or one generated). A new job's must start with a letter or digit, as a
+    Kubernetes name does: "-x" would read as an option on the command line (gosched get -x), "." and
+    ".." as folders. One read back (`new` false) may be of a job taken before that rule."""
     if value is _MISSING:
         return generated_job_id(submission_id)
-    return _name(value, path, _ID, MAX_ID_LEN, "use letters, digits, '.', '_' and '-'")
+    rule = "start with a letter or digit, then use letters, digits, '.', '_' and '-'"
+    return _name(value, path, _ID if new else _OLD_ID, MAX_ID_LEN, rule)
 
 
 def _queue_name(value: object, path: str) -> str:
@@ -503,6 +525,21 @@ def _extended(value: object, path: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(pairs))
 
 
+def builtin_resource_problem(name: str) -> str | None:
+    """Why `name` cannot be an extended resource (it is one a node has built in), or None."""
+    field = BUILTIN_RESOURCES.get(name.lower())
+    if field is None:
+        return None
+    example = _BUILTIN_EXAMPLES[field]
+    return f"{name} is a built-in resource, not an extended one: ask for it with {field} ({example})"
+
+
+def _refuse_builtin(extended: tuple[tuple[str, int], ...], path: str) -> None:
+    for name, _ in extended:
+        if problem := builtin_resource_problem(name):
+            _fail(_entry(path, name), problem)
+
+
 # == task groups =================================================================================
 def _resource_entries(group: Mapping[str, Any], path: str) -> dict[str, tuple[Any, str]]:
     """Resource keys, from `resources` and from the group itself, each with the path it was given at."""
@@ -542,7 +579,7 @@ def _gpu_request(entries: Mapping[str, tuple[Any, str]]) -> tuple[int, int]:
     return whole, share
 
 
-def _resources(group: Mapping[str, Any], path: str) -> ResourceRequest:
+def _resources(group: Mapping[str, Any], path: str, new: bool) -> ResourceRequest:
     entries = _resource_entries(group, path)
     cpu = _cpu(*entries["cpu"]) if "cpu" in entries else 0
     memory = _memory(*entries["memory"]) if "memory" in entries else 0
@@ -552,6 +589,8 @@ def _resources(group: Mapping[str, Any], path: str) -> ResourceRequest:
         key = "gpu_memory" if "gpu_memory" in entries else "gpu_memory_mib"
         _fail(entries[key][1], "needs a GPU request (gpus, gpu_share or gpu_milli)")
     extended = _extended(*entries["extended"]) if "extended" in entries else ()
+    if new and "extended" in entries:
+        _refuse_builtin(extended, entries["extended"][1])
     if not (cpu or memory or gpus or gpu_milli):
         _fail(_at(path, "resources"), "requests nothing: ask for cpu, memory or GPUs")
     return ResourceRequest(cpu, memory, gpus, gpu_milli, gpu_memory, extended)
@@ -716,15 +755,16 @@ def _items(value: object, path: str, parse: Callable[[object, str], Any]) -> tup
     return tuple(parse(item, _item(path, i)) for i, item in enumerate(_list(value, path)))
 
 
-def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
-    """One task group from a mapping whose keys are already checked (a group, or the flat job)."""
+def _group(spec: Mapping[str, Any], path: str, new: bool) -> TaskGroup:
+    """One task group from a mapping whose keys are already checked (a group, or the flat job).
+    `new`: of a job being submitted, held to the rules of a new one (see job_from_spec)."""
     required, preferred = (
         _affinity(spec["affinity"], _at(path, "affinity")) if "affinity" in spec else ((), ())
     )
     # In the order of the fields: the first bad one is the one reported.
     role = _label_name(spec.get("role", "main"), _at(path, "role"))
     replicas = _int(spec.get("replicas", 1), _at(path, "replicas"), 1, MAX_REPLICAS)
-    resources = _resources(spec, path)
+    resources = _resources(spec, path, new)
     command = _command(spec.get("command", _MISSING), _at(path, "command"))
     env = _env(spec.get("env", {}), _at(path, "env"))
     size = sum(len(a.encode()) + 1 for a in command) + sum(len(n) + len(v.encode()) + 2 for n, v in env)
@@ -750,8 +790,9 @@ def _group(spec: Mapping[str, Any], path: str) -> TaskGroup:
 
 
 def group_from_spec(spec: object, path: str) -> TaskGroup:
-    """One task group of a job spec (as under "groups"); `path` prefixes the fields in errors."""
-    return _group(_mapping(spec, path, _GROUP_KEYS), path)
+    """One task group of a job spec (as under "groups"); `path` prefixes the fields in errors. It may
+    be of a job read back, so the rules of new jobs are left to `job_from_spec` (given `now`)."""
+    return _group(_mapping(spec, path, _GROUP_KEYS), path, new=False)
 
 
 def _groups(value: object, path: str) -> tuple[TaskGroup, ...]:
@@ -761,7 +802,7 @@ def _groups(value: object, path: str) -> tuple[TaskGroup, ...]:
     groups: list[TaskGroup] = []
     for i, item in enumerate(items):
         where = _item(path, i)
-        group = _group(_mapping(item, where, _GROUP_KEYS), where)
+        group = _group(_mapping(item, where, _GROUP_KEYS), where, new=True)
         for j, other in enumerate(groups):
             if other.role == group.role:
                 _fail(_at(where, "role"), f"duplicate role {group.role!r} (also {_item(path, j)})")
@@ -792,7 +833,8 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
     elif is_relative_deadline(value):  # Slurm's now+<count><unit>
         assert isinstance(value, str)
         base = time.time() if now is None else now
-        return _deadline(base + _duration_text(value.strip()[4:], path), path, now)
+        # now+3600 is seconds, as Slurm's --deadline reads it.
+        return _deadline(base + _duration_text(value.strip()[4:], path, bare_seconds=True), path, now)
     elif isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
@@ -817,6 +859,7 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
 
 
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _UNITS = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 # Slurm's --time forms that have a colon or a day: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _CLOCK = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
@@ -836,7 +879,27 @@ def _time_limit(value: object, path: str) -> float | None:
     return seconds
 
 
-def _duration_text(text: str, path: str) -> float:
+def _duration_text(text: str, path: str, bare_seconds: bool = False) -> float:
+    """A duration written as text, in seconds: "1h30m", "01:30:00", "2-12:30"; a negative one
+    refused. A bare number ("90") is seconds only with `bare_seconds` (a deadline's now+90, as
+    Slurm's): as a time limit it is refused, since Slurm's --time reads it as minutes and a spec's
+    number is seconds; the message says how to write either."""
+    if text.startswith("-"):
+        try:
+            _duration_text(text[1:].strip(), path, bare_seconds=True)  # a duration, however written
+        except SpecError:
+            pass  # not a negative duration either: said below
+        else:
+            _fail(path, f"must be more than 0 seconds, got {_short(text)}")
+    if _SECONDS.fullmatch(text):
+        if bare_seconds or float(text) == 0:  # 0 is 0 in any unit: the caller says it is too short
+            return float(text)
+        minutes = float(text) / 60
+        _fail(
+            path,
+            f"{_short(text)} is a bare number, which Slurm reads as minutes and a spec's number as "
+            f"seconds: write {text}s for seconds, or {minutes:g}m as Slurm would read it",
+        )
     units = _UNITS.fullmatch(text)
     if text and units is not None and any(units.groups()):
         return sum(float(n) * _UNIT_SECONDS[u] for n, u in zip(units.groups(), "dhms", strict=True) if n)
@@ -852,8 +915,7 @@ def _duration_text(text: str, path: str) -> float:
         if parts[1] > 59 or parts[2] > 59:
             _fail(path, f"{_short(text)}: minutes and seconds go up to 59")
         return float(parts[0] * 3600 + parts[1] * 60 + parts[2])
-    # A bare number in a string is refused: Slurm reads "90" as minutes, a spec's number is seconds.
-    hint = "a number of seconds, or a string with a unit (90s, 45m, 2h, 1d, 1h30m) or HH:MM:SS"
+    hint = "one with a unit (3600s, 45m, 2h, 1d, 1h30m) or HH:MM:SS (in a spec, a number is seconds)"
     _fail(path, f"{_short(text)} is not a duration: give {hint}")
 
 
@@ -909,7 +971,13 @@ def job_from_spec(
 
     `groups`: task groups already validated (e.g. remembered from an identical earlier spec); the
     spec then holds the job-level fields only, and the checks across groups still run here.
+
+    Some rules hold for new jobs only (ids starting with a letter or digit, no built-in resource
+    under `extended`), so that a job taken before them stays readable: they apply to a spec read
+    whole (a file, a client's own check before it submits) and, given `now`, to one submitted. A
+    job read back (api/convert.job_from_proto: its groups given, no `now`) is spared them.
     """
+    new = groups is None or now is not None
     if groups is not None:
         root = _mapping(spec, "", _JOB_KEYS)
         for i, group in enumerate(groups):
@@ -917,6 +985,8 @@ def job_from_spec(
                 if groups[j].role == group.role:
                     where = _at(_item("groups", i), "role")
                     _fail(where, f"duplicate role {group.role!r} (also groups[{j}])")
+            if new:  # the path as a JobSpec message holds them (and api/convert reads its groups)
+                _refuse_builtin(group.resources.extended, f"groups[{i}].resources.extended")
     elif isinstance(spec, Mapping) and "groups" in spec:
         misplaced = sorted(_GROUP_KEYS & spec.keys())
         if misplaced:
@@ -925,7 +995,7 @@ def job_from_spec(
         groups = _groups(root["groups"], "groups")
     else:  # flat form: the job is its one group
         root = _mapping(spec, "", _JOB_KEYS | _GROUP_KEYS)
-        groups = (_group(root, ""),)
+        groups = (_group(root, "", new=True),)
 
     queue = _queue_name(root.get("queue", "default"), "queue")
     if known_queues is not None and queue not in known_queues:
@@ -946,7 +1016,7 @@ def job_from_spec(
     if submission_id and is_relative_deadline(root.get("deadline")):
         _fail("deadline", f"{root['deadline']!r} {RELATIVE_WITH_SUBMISSION_ID}")
     return Job(
-        id=_job_id(root.get("id", _MISSING), "id", submission_id),
+        id=_job_id(root.get("id", _MISSING), "id", submission_id, new),
         groups=groups,
         tenant=_queue_name(root.get("tenant", "default"), "tenant"),
         queue=queue,

@@ -20,14 +20,18 @@ from gosched.common.job import (
 )
 from gosched.common.node import Gpu, Node, NodeState, Taint, TaintEffect
 from gosched.common.resources import ResourceRequest
+from gosched.common.spec import BUILTIN_RESOURCES
 
 # -- names --------------------------------------------------------------------------------------
-job_ids = st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True)
+# A new job's id starts with a letter or digit (common/spec.py).
+job_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}", fullmatch=True)
 queue_names = st.from_regex(r"[a-z0-9]([-a-z0-9_.]{0,10}[a-z0-9])?", fullmatch=True)
 label_names = st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,10}[A-Za-z0-9])?", fullmatch=True)
 label_prefixes = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,6}[a-z0-9])?(\.[a-z0-9]{1,6}){0,2}", fullmatch=True)
 label_keys = st.one_of(label_names, st.builds(lambda p, n: f"{p}/{n}", label_prefixes, label_names))
 label_values = st.one_of(st.just(""), label_names)
+# An extended resource's name is no built-in one (cpu, memory, gpus...: refused in a job's spec).
+extended_names = label_keys.filter(lambda k: k.lower() not in BUILTIN_RESOURCES)
 env_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)
 texts = st.text(max_size=12)
 finite_times = st.floats(min_value=0.0, max_value=4e9, allow_nan=False, allow_infinity=False)
@@ -58,7 +62,7 @@ def resources(draw: st.DrawFn) -> ResourceRequest:
         gpus=gpus,
         gpu_milli=gpu_milli,
         gpu_memory_mib=draw(st.integers(0, 2**20)) if wants_gpu else 0,
-        extended=draw(sorted_pairs(label_keys, st.integers(0, 10**15))),
+        extended=draw(sorted_pairs(extended_names, st.integers(0, 10**15))),
     )
 
 
@@ -173,7 +177,7 @@ nodes = st.builds(
     gpus=gpu_lists(),
     labels=labels,
     taints=taint_lists(),
-    extended=sorted_pairs(label_keys, st.integers(0, 10**15)),
+    extended=sorted_pairs(extended_names, st.integers(0, 10**15)),
     state=st.sampled_from(NodeState),
 )
 

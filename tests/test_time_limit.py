@@ -63,7 +63,7 @@ def test_a_time_limit_is_read_from_seconds_units_or_slurms_clock_forms(
 @pytest.mark.parametrize(
     ("given", "reason"),
     [
-        ("90", "'90' is not a duration: give a number of seconds, or a string with a unit"),  # Slurm: minutes
+        ("90", "'90' is a bare number, which Slurm reads as minutes"),  # and a spec's number as seconds
         ("", "is not a duration"),
         ("soon", "is not a duration"),
         ("h", "is not a duration"),
@@ -108,7 +108,7 @@ def test_submit_takes_the_limit_from_a_flag_and_describe_shows_it(tmp_path: Path
         assert "time_limit: 5400.0" in described.output
         refused = cli(server, "submit", "--cpus", "1", "--time-limit", "90", "--", "true")
         assert refused.exit_code != 0
-        assert "--time-limit" in refused.output and "not a duration" in refused.output
+        assert "--time-limit" in refused.output and "is a bare number" in refused.output
     finally:
         server.stop()
 
