@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from gosched.common.errors import SpecError
 from gosched.common.job import Job, TaskGroup
-from gosched.common.node import Node, NodeState
+from gosched.common.node import AGENT_LABEL, RUNTIME_LABEL, Node, NodeState
 from gosched.common.spec import gpu_spec, group_from_spec, job_from_spec, job_to_spec, node_from_spec
 from gosched.common.states import JobState, TaskState
 from gosched.proto.v1 import types_pb2 as pb
@@ -406,6 +406,25 @@ class NodeInfo:
     @property
     def state(self) -> NodeState:
         return self.node.state
+
+    @property
+    def drained(self) -> bool:
+        """Draining and no task holds resources here any more: as Slurm's "drained", the machine
+        can be taken down. (A task cancelled a moment ago may still be being stopped by its
+        agent: the master frees its resources at once.)"""
+        return self.node.state is NodeState.DRAINING and not self.task_ids
+
+    @property
+    def state_text(self) -> str:
+        """The state as the node views show it: "drained" for a drained node, else the state."""
+        return "drained" if self.drained else self.node.state.value
+
+    @property
+    def simulated(self) -> bool:
+        """A simulated node (runtime.simulation marks them): no process runs there, so its tasks
+        have no output. A node an agent registered is never simulated."""
+        labels = self.node.label_dict()
+        return labels.get(RUNTIME_LABEL) == "simulated" and AGENT_LABEL not in labels
 
 
 def job_info_from_proto(msg: pb.Job) -> JobInfo:

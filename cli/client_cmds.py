@@ -18,16 +18,16 @@ import typer
 from gosched.api.channel import target_error
 from gosched.api.client import Client, DeadlineExceeded, InvalidArgument
 from gosched.api.convert import JobInfo
-from gosched.api.errors import Unavailable
+from gosched.api.errors import FailedPrecondition, GoschedError, NotFound, Unavailable
 from gosched.cli import output as out
-from gosched.cli.exits import CliError, ExitCode, reported
+from gosched.cli.exits import CliError, ExitCode, error_message, reported
 from gosched.cli.flags import check_seconds, refuse, security_flag_error
 from gosched.cli.output import Format
 from gosched.cli.progress import Progress
 from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
 from gosched.common.node import NodeState
 from gosched.common.secret_files import SecretFileError
-from gosched.common.states import JobState
+from gosched.common.states import HOLDS_RESOURCES, JobState
 
 DEFAULT_MASTER = "localhost:9090"
 CALL_TIMEOUT_S = 20.0  # per call: a master that does not answer by then counts as unavailable
@@ -342,7 +342,7 @@ def describe(
 
 
 def cancel(
-    job: JobArg,
+    job_ids: Annotated[list[str], typer.Argument(help="The jobs' ids, one or more.", show_default=False)],
     output: OutputOpt = Format.TABLE,
     master: MasterOpt = DEFAULT_MASTER,
     tls_ca: TlsCaOpt = None,
@@ -350,14 +350,38 @@ def cancel(
     tls_key: TlsKeyOpt = None,
     token_file: TokenFileOpt = None,
 ) -> None:
-    """Cancel a job's unfinished tasks (exit 1 if it has already finished)."""
+    """Cancel jobs' unfinished tasks. Each job given is cancelled even if another is unknown or has
+    finished already (an error line for each of those): exit 3 if one is unknown, else 1 if one has
+    finished already."""
+    ids = list(dict.fromkeys(job_ids))  # each once, in the order given
+    done: list[JobInfo] = []
+    refused: list[GoschedError] = []
     with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
-        info = client.cancel(job)
-    out.emit(
-        output,
-        lambda: out.job_data(info, tasks=True),
-        lambda: f"job {info.id} {info.state.value}: {out.counts_text(info)}",
-    )
+        try:
+            for job_id in ids:
+                try:
+                    done.append(client.cancel(job_id))
+                except (NotFound, FailedPrecondition) as exc:
+                    refused.append(exc)
+        finally:  # what was cancelled shows, also when the master goes away midway
+            if done:
+                out.emit(
+                    output,
+                    # One job: its object, as before; several: a list of them (as kubectl's List).
+                    lambda: (
+                        out.job_data(done[0], tasks=True)
+                        if len(ids) == 1
+                        else [out.job_data(info, tasks=True) for info in done]
+                    ),
+                    lambda: "\n".join(
+                        f"job {info.id} {info.state.value}: {out.counts_text(info)}" for info in done
+                    ),
+                )
+    for why in refused:
+        typer.echo(f"error: {error_message(why, master)}", err=True)
+    if refused:  # one job: its code, as before; several: 3 if one is unknown, else 1
+        unknown = any(isinstance(why, NotFound) for why in refused)
+        raise typer.Exit(ExitCode.NOT_FOUND if unknown else ExitCode.FAILED)
 
 
 def explain(
@@ -404,8 +428,24 @@ def logs(
                 f"--task: {exc.message.partition(': ')[2]}"
             ) from None  # the flag, not the RPC's field
         if not wrote:  # say why there is nothing, on stderr: stdout stays the output alone
-            state = client.get(job).tasks[task].state.value
-            typer.echo(f"no output from task {task} of {job} (it is {state})", err=True)
+            typer.echo(_no_output(client, job, task), err=True)
+
+
+def _no_output(client: Client, job: str, task: int) -> str:
+    """Why a task has no output: none yet or none written, or it was on a simulated node, where no
+    process is run at all."""
+    found = client.get(job).tasks[task]
+    said = f"no output from task {task} of {job} (it is {found.state.value})"
+    if not found.node:
+        return said
+    try:
+        simulated = client.node(found.node).simulated
+    except NotFound:  # the node is gone: it can no longer tell
+        return said
+    if not simulated:
+        return said
+    where = "is" if found.state in HOLDS_RESOURCES else "ran"
+    return f"{said}: it {where} on simulated node {found.node}, where no process is run"
 
 
 # == cluster =======================================================================================

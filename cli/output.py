@@ -78,6 +78,11 @@ def job_data(info: JobInfo, *, tasks: bool = False, spec: bool = False) -> dict[
         "request": {"cpu_milli": total.cpu_milli, "memory": total.memory, "gpu_milli": total.gpu_milli},
         "submit_time": info.submit_time,
         "submission_id": job.submission_id,
+        # As the spec has them: unix seconds, seconds each task may run, times each failed task
+        # runs again (null: no deadline, no time limit).
+        "deadline": job.deadline,
+        "time_limit": job.time_limit,
+        "max_retries": job.max_retries,
     }
     if spec:
         out["spec"] = job_to_spec(job)
@@ -91,7 +96,7 @@ def node_data(n: NodeInfo) -> dict[str, Any]:
     used = n.gpu_used_milli
     return {
         "name": node.name,
-        "state": node.state.value,
+        "state": n.state_text,  # "drained": draining, and no task left
         "cpu_milli": node.cpu_milli,
         "cpu_used_milli": n.cpu_used_milli,
         "memory": node.memory,
@@ -205,6 +210,19 @@ def _groups_text(info: JobInfo) -> str:
     )
 
 
+def _limits(info: JobInfo) -> list[tuple[str, str]]:
+    """The job's deadline, time limit and retries, those it has."""
+    job = info.job
+    pairs = []
+    if job.deadline is not None:
+        pairs.append(("Deadline", _when(job.deadline)))
+    if job.time_limit is not None:
+        pairs.append(("Time limit", f"{format_duration(job.time_limit)} per task"))
+    if job.max_retries:
+        pairs.append(("Max retries", f"{job.max_retries} per task"))
+    return pairs
+
+
 def job_view(info: JobInfo) -> str:
     """`gosched get`: the job in a few lines, then its tasks with their restarts, node and GPUs."""
     job = info.job
@@ -217,6 +235,7 @@ def job_view(info: JobInfo) -> str:
             ("Priority", str(job.priority)),
             ("Tasks", f"{job.total_replicas} (min member {job.min_member}): {counts_text(info)}"),
             ("Submitted", _when(info.submit_time)),
+            *_limits(info),
         ]
     )
     groups = "\n".join("  " + line for line in _groups_text(info).splitlines())
@@ -232,10 +251,7 @@ def describe_view(info: JobInfo, explanation: str) -> str:
         ("Tasks", f"{job.total_replicas} (min member {job.min_member}): {counts_text(info)}"),
         ("Submitted", _when(info.submit_time)),
     ]
-    if job.deadline is not None:
-        pairs.append(("Deadline", _when(job.deadline)))
-    if job.time_limit is not None:
-        pairs.append(("Time limit", f"{format_duration(job.time_limit)} per task"))
+    pairs.extend(_limits(info))
     spec = yaml.safe_dump(job_to_spec(job), sort_keys=False, default_flow_style=None).rstrip("\n")
     indented = "\n".join("  " + line for line in spec.splitlines())
     why = "\n".join("  " + line for line in explanation.splitlines())
@@ -276,7 +292,7 @@ def nodes_view(nodes: Sequence[NodeInfo], *, wide: bool = False) -> str:
         node = n.node
         row = [
             node.name,
-            node.state.value,
+            n.state_text,
             f"{h.cores(n.cpu_used_milli)}/{h.cores(node.cpu_milli)}",
             f"{h.memory(n.memory_used)}/{h.memory(node.memory)}",
             _gpu_column(n),

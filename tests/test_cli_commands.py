@@ -262,7 +262,7 @@ def test_jobs_table_json_and_filters(
     first = data[0]
     assert list(first) == [
         "id", "state", "queue", "tenant", "priority", "kind", "min_member", "replicas",
-        "task_counts", "request", "submit_time", "submission_id",
+        "task_counts", "request", "submit_time", "submission_id", "deadline", "time_limit", "max_retries",
     ]  # fmt: skip
     assert (first["state"], first["tenant"], first["task_counts"]) == ("pending", "lister", {"pending": 1})
     assert first["request"] == {"cpu_milli": 1000, "memory": 0, "gpu_milli": 16000}
