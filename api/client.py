@@ -281,15 +281,17 @@ class Client:
         follow: bool = False,
         offset: int = 0,
         timeout: float | None = None,
+        previous: bool = False,
     ) -> Iterator[bytes]:
         """A task's output (`stream` "stdout" or "stderr") in chunks, from `offset` as far as the
-        master has it; with `follow`, then what comes until the task ends.
+        master has it; with `follow`, then what comes until the task ends. `previous`: the output
+        of the task's run before its current one (kubectl logs --previous), which is not followed.
 
         `timeout` bounds the whole stream (default: the unary timeout, none when following;
         infinity: none).
         """
         request = jobs_pb2.LogsRequest(
-            job_id=job_id, task_index=task, follow=follow, stream=stream, offset=offset
+            job_id=job_id, task_index=task, follow=follow, stream=stream, offset=offset, previous=previous
         )
         if timeout is None and not follow:  # a plain read ends on its own; a follow may run for hours
             timeout = self.timeout

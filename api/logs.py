@@ -3,7 +3,8 @@ master writes them at their offsets under one folder, and `StreamLogs` serves th
 
 Writing at the chunk's offset (not appending) makes a chunk that is sent twice (an agent that
 reconnects and resends) harmless. Readers that follow a task wait on one condition that every
-write notifies.
+write notifies. A task run again (a retry, a reschedule) starts its output afresh; the run before
+is kept beside it, as `kubectl logs --previous` shows the container's last run, and only that one.
 """
 
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 STREAMS = ("stdout", "stderr")
+PREVIOUS_SUFFIX = ".previous"  # the run before the current one (see LogStore.reset)
 READ_CHUNK = 64 * 1024
 
 
@@ -22,10 +24,10 @@ class LogStore:
         self._written = threading.Condition()
         self.generation = 0  # bumped on every write
 
-    def path(self, task_id: str, stream: str) -> Path:
+    def path(self, task_id: str, stream: str, previous: bool = False) -> Path:
         if stream not in STREAMS:
             raise ValueError(f"stream must be one of {', '.join(STREAMS)}, got {stream!r}")
-        return self.root / f"{quote(task_id, safe='')}.{stream}"
+        return self.root / f"{quote(task_id, safe='')}.{stream}{PREVIOUS_SUFFIX if previous else ''}"
 
     def write(self, task_id: str, stream: str, offset: int, data: bytes) -> None:
         if offset < 0:
@@ -39,23 +41,28 @@ class LogStore:
             self._written.notify_all()
 
     def reset(self, task_id: str) -> None:
-        """Forget a task's output: a new run of it starts, whose chunks count from offset 0 again
-        (as `kubectl logs` shows the current container's run)."""
+        """A new run of the task starts, whose chunks count from offset 0 again (as `kubectl logs`
+        shows the current container's run): its output so far becomes the previous run's, in place
+        of the one before (a run that wrote nothing leaves the previous as it was)."""
         for stream in STREAMS:
-            self.path(task_id, stream).unlink(missing_ok=True)
+            current = self.path(task_id, stream)
+            if current.exists():
+                current.replace(self.path(task_id, stream, previous=True))
         with self._written:
             self.generation += 1
             self._written.notify_all()
 
-    def size(self, task_id: str, stream: str) -> int:
+    def size(self, task_id: str, stream: str, previous: bool = False) -> int:
         """How many bytes of the stream are held (0: none yet)."""
         try:
-            return self.path(task_id, stream).stat().st_size
+            return self.path(task_id, stream, previous).stat().st_size
         except FileNotFoundError:
             return 0
 
-    def read(self, task_id: str, stream: str, offset: int, limit: int = READ_CHUNK) -> bytes:
-        path = self.path(task_id, stream)
+    def read(
+        self, task_id: str, stream: str, offset: int, limit: int = READ_CHUNK, previous: bool = False
+    ) -> bytes:
+        path = self.path(task_id, stream, previous)
         if not path.exists():
             return b""
         with open(path, "rb") as f:

@@ -252,12 +252,22 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         view = self.service.get(request.job_id)
         if not 0 <= request.task_index < len(view.tasks):
             raise SpecError("task_index", f"job {request.job_id!r} has tasks 0..{len(view.tasks) - 1}")
+        if request.previous:  # a run that has ended: read as it is, never followed
+            if request.follow:
+                raise SpecError("follow", "the previous run has ended: there is nothing to follow")
+            yield from self._previous_chunks(view.tasks[request.task_index].id, stream, request.offset)
+            return
         chunks = self._log_chunks(request, view.tasks[request.task_index].id, stream, context)
         if not request.follow:
             yield from chunks
             return
         with self._stream_slot():
             yield from chunks
+
+    def _previous_chunks(self, tid: str, stream: str, offset: int) -> Iterator[pb.LogChunk]:
+        while data := self.logs.read(tid, stream, offset, previous=True):
+            yield pb.LogChunk(task_id=tid, stream=stream, offset=offset, data=data)
+            offset += len(data)
 
     def _log_chunks(
         self, request: jobs_pb2.LogsRequest, tid: str, stream: str, context: Any

@@ -406,6 +406,12 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new output until the task ends.")
     ] = False,
+    previous: Annotated[
+        bool,
+        typer.Option(
+            "--previous", "-p", help="The task's run before its current one (a retry's failed run)."
+        ),
+    ] = False,
     master: MasterOpt = DEFAULT_MASTER,
     tls_ca: TlsCaOpt = None,
     tls_cert: TlsCertOpt = None,
@@ -413,11 +419,15 @@ def logs(
     token_file: TokenFileOpt = None,
 ) -> None:
     """Print a task's output as the master keeps it, byte for byte."""
+    if previous and follow:
+        typer.echo("error: --previous: that run has ended, so --follow has nothing to follow", err=True)
+        raise typer.Exit(ExitCode.USAGE)
     sink = typer.get_binary_stream("stdout")
     with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
         wrote = False
+        stream = "stderr" if stderr else "stdout"
         try:
-            for data in client.logs(job, task, stream="stderr" if stderr else "stdout", follow=follow):
+            for data in client.logs(job, task, stream=stream, follow=follow, previous=previous):
                 wrote = True
                 sink.write(data)
                 sink.flush()  # as it comes: someone may be watching
@@ -427,7 +437,9 @@ def logs(
             raise CliError(
                 f"--task: {exc.message.partition(': ')[2]}"
             ) from None  # the flag, not the RPC's field
-        if not wrote:  # say why there is nothing, on stderr: stdout stays the output alone
+        if not wrote and previous:
+            typer.echo(f"no output from a previous run of task {task} of {job}", err=True)
+        elif not wrote:  # say why there is nothing, on stderr: stdout stays the output alone
             typer.echo(_no_output(client, job, task), err=True)
 
 

@@ -205,6 +205,7 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         client.submit({"id": "broken", "cpu": "0.1", "command": ["exit 4"], "max_retries": 2})
         wait_for("flaky done", lambda: client.get("flaky").state is JobState.SUCCEEDED, timeout=30)
         assert b"".join(client.logs("flaky", 0)) == b"attempt 1\n"  # the run that succeeded, alone
+        assert b"".join(client.logs("flaky", 0, previous=True)) == b"attempt 0\n"  # and the failed one
         explained = client.explain("flaky")
         assert "task 0 failed: exit code 3 (on n1); run again (retry 1 of 2) after 0.2s" in explained
         wait_for("broken failed", lambda: client.get("broken").state is JobState.FAILED, timeout=30)

@@ -104,15 +104,17 @@ class ExplainJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.JobState, str]] = ..., explanation: _Optional[str] = ...) -> None: ...
 
 class LogsRequest(_message.Message):
-    __slots__ = ("job_id", "task_index", "follow", "stream", "offset")
+    __slots__ = ("job_id", "task_index", "follow", "stream", "offset", "previous")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_index: int
     follow: bool
     stream: str
     offset: int
-    def __init__(self, job_id: _Optional[str] = ..., task_index: _Optional[int] = ..., follow: _Optional[bool] = ..., stream: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    previous: bool
+    def __init__(self, job_id: _Optional[str] = ..., task_index: _Optional[int] = ..., follow: _Optional[bool] = ..., stream: _Optional[str] = ..., offset: _Optional[int] = ..., previous: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,44 @@
+"""A task run again keeps its previous run's output beside the current one, as `kubectl logs
+--previous` does (one run back, no more), on the master's real log folder."""
+
+from pathlib import Path
+
+import pytest
+
+from gosched.api.logs import LogStore
+from tests.loopback import cli, sim_master
+
+
+def test_a_new_run_keeps_the_last_runs_output_as_the_previous_one(tmp_path: Path) -> None:
+    logs = LogStore(tmp_path)
+    logs.write("j/0", "stdout", 0, b"first run\n")
+    logs.write("j/0", "stderr", 0, b"first err\n")
+    logs.reset("j/0")  # the second run starts
+    assert logs.read("j/0", "stdout", 0) == b""
+    assert logs.read("j/0", "stdout", 0, previous=True) == b"first run\n"
+    assert logs.read("j/0", "stderr", 0, previous=True) == b"first err\n"
+    logs.write("j/0", "stdout", 0, b"second\n")
+    logs.reset("j/0")  # the third: the second run is the previous now, the first is gone
+    assert logs.read("j/0", "stdout", 0, previous=True) == b"second\n"
+    assert logs.read("j/0", "stderr", 0, previous=True) == b"first err\n"  # the second wrote none
+    assert logs.size("j/0", "stdout", previous=True) == len(b"second\n")
+
+
+@pytest.mark.parametrize("task_id", ["a/0", "x.y/12"])
+def test_a_task_never_run_again_has_no_previous_output(task_id: str, tmp_path: Path) -> None:
+    logs = LogStore(tmp_path)
+    logs.write(task_id, "stdout", 0, b"only run\n")
+    assert logs.read(task_id, "stdout", 0, previous=True) == b""
+    assert logs.read(task_id, "stdout", 0) == b"only run\n"
+
+
+def test_the_cli_reads_the_previous_run_and_refuses_to_follow_it(tmp_path: Path) -> None:
+    server = sim_master(tmp_path)
+    try:
+        assert cli(server, "submit", "--name", "once", "--cpus", "1", "--", "true").exit_code == 0
+        told = cli(server, "logs", "once", "--previous")
+        assert told.exit_code == 0 and "no output from a previous run of task 0 of once" in told.stderr
+        refused = cli(server, "logs", "once", "--previous", "--follow")
+        assert refused.exit_code == 2 and "so --follow has nothing to follow" in refused.stderr
+    finally:
+        server.stop()
