@@ -372,6 +372,7 @@ class TaskInfo:
     restarts: int = 0
     last_restart_reason: str = ""
     last_restart_time: float = 0.0
+    retries: int = 0  # how many of its failures were run again (max_retries), over all its attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +445,7 @@ def job_info_from_proto(msg: pb.Job) -> JobInfo:
                 restarts=t.restarts,
                 last_restart_reason=t.last_restart_reason,
                 last_restart_time=t.last_restart_time,
+                retries=t.retries,
             )
             for t in msg.tasks
         ),

@@ -87,6 +87,7 @@ class TaskView:
     restarts: int = 0  # by its node agent, in this attempt
     last_restart_reason: str = ""
     last_restart_time: float = 0.0
+    retries: int = 0  # its failures run again (max_retries), over all its attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -664,6 +665,8 @@ def _job_view(snap: JobSnapshot, tasks: bool, restarts: Mapping[int, TaskRestart
             TaskView(task_id(job.id, i), i, job.group_of(i).role, s, *snap.placements.get(i, ("", ())))
             for i, s in enumerate(states)
         )
+        if snap.retries:
+            views = tuple(replace(v, retries=n) for v, n in zip(views, snap.retries, strict=True))
         if restarts:
             views = tuple(
                 v

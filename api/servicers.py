@@ -124,6 +124,7 @@ def job_message(view: JobView) -> pb.Job:
                 restarts=t.restarts,
                 last_restart_reason=t.last_restart_reason,
                 last_restart_time=t.last_restart_time,
+                retries=t.retries,
             )
             for t in view.tasks
         ],

@@ -59,6 +59,7 @@ def task_data(t: TaskInfo) -> dict[str, Any]:
         "restarts": t.restarts,
         "last_restart_reason": t.last_restart_reason,
         "last_restart_time": t.last_restart_time,
+        "retries": t.retries,
     }
 
 
@@ -195,12 +196,20 @@ def _restarts(t: TaskInfo, now: float) -> str:
 
 
 def tasks_view(info: JobInfo) -> str:
+    """The tasks: RESTARTS counts its agent's restarts of a service's process in this attempt (as
+    kubectl's), RETRIES its failures run again by the job's max_retries (as Slurm's Restarts);
+    RETRIES shows only for a job that has max_retries."""
     now = time.time()
-    rows = [
-        [str(t.index), t.id, t.role, t.state.value, _restarts(t, now), t.node, _gpus_held(t.gpus)]
-        for t in info.tasks
-    ]
-    return h.table(["INDEX", "TASK", "ROLE", "STATE", "RESTARTS", "NODE", "GPUS"], rows)
+    retrying = bool(info.job.max_retries)
+    rows = []
+    for t in info.tasks:
+        row = [str(t.index), t.id, t.role, t.state.value, _restarts(t, now)]
+        if retrying:
+            row.append(f"{t.retries}/{info.job.max_retries}")
+        rows.append([*row, t.node, _gpus_held(t.gpus)])
+    retries = ["RETRIES"] if retrying else []
+    headers = ["INDEX", "TASK", "ROLE", "STATE", "RESTARTS", *retries, "NODE", "GPUS"]
+    return h.table(headers, rows)
 
 
 def _groups_text(info: JobInfo) -> str:

@@ -18,6 +18,8 @@ class JobSnapshot:
     state: JobState
     task_states: tuple[TaskState, ...]
     placements: dict[int, tuple[str, Gpus]] = field(default_factory=dict)  # task index -> (node, gpus)
+    # Per task index, its failures run again (Job.max_retries) over all its attempts; () for none.
+    retries: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

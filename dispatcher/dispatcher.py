@@ -1487,7 +1487,8 @@ class Dispatcher:
         del self._jobs[rec.job_id]
         self._reservations.forget(rec.job_id)
         self._deadlines.late.discard(rec.job_id)
-        if rec.job.max_retries and self._retried:
+        retries = self.retries_of(rec.job)
+        if retries:
             for tid in rec.job.task_ids():
                 self._retried.pop(tid, None)
         left = self._tenant_jobs[rec.tenant] - 1
@@ -1497,7 +1498,7 @@ class Dispatcher:
             del self._tenant_jobs[rec.tenant]
         state = job_state_of(rec.states, rec.job.min_member, rec.cancelled)
         history = "\n".join(filter(None, (rec.disruption, rec.failure, rec.note)))
-        self._retain(FinishedJob(rec.job, state, tuple(rec.states), history))
+        self._retain(FinishedJob(rec.job, state, tuple(rec.states), history, retries))
 
     def _retain(self, done: FinishedJob) -> None:
         finished = self._finished
@@ -1654,7 +1655,9 @@ class Dispatcher:
                     self._submissions[job.submission_id] = job.id
                 cancelled = CANCELLED in states
                 ended = job_state_of(states, job.min_member, cancelled)
-                self._retain(FinishedJob(job, ended, tuple(states), failures.get(job.id, "")))
+                used = tuple(retried.get(tid, 0) for tid in job.task_ids()) if job.max_retries else ()
+                used = used if any(used) else ()
+                self._retain(FinishedJob(job, ended, tuple(states), failures.get(job.id, ""), used))
                 restored += 1
                 continue
             self._seq += 1
@@ -1740,11 +1743,26 @@ class Dispatcher:
         return sorted(ids, key=lambda j: self.job(j).submit_time)
 
     def snapshots(self, job_ids: Sequence[str]) -> list[JobSnapshot | None]:
-        """Each job's spec, state and task states (None: unknown); placements are the binder's."""
-        return [
-            JobSnapshot(self.job(j), self.job_state(j), tuple(self.task_states(j))) if j in self else None
-            for j in job_ids
-        ]
+        """Each job's spec, state, task states and retries used (None: unknown); placements are
+        the binder's."""
+        out: list[JobSnapshot | None] = []
+        for j in job_ids:
+            if j not in self:
+                out.append(None)
+                continue
+            rec = self._jobs.get(j)
+            retries = self._kept(j).retries if rec is None else self.retries_of(rec.job)
+            states = tuple(self.task_states(j))
+            out.append(JobSnapshot(self.job(j), self.job_state(j), states, retries=retries))
+        return out
+
+    def retries_of(self, job: Job) -> tuple[int, ...]:
+        """Per task of a job not finished, its failures run again so far; () for none."""
+        if not job.max_retries or not self._retried:
+            return ()
+        retried = self._retried
+        counts = tuple(retried.get(tid, 0) for tid in job.task_ids())
+        return counts if any(counts) else ()
 
     def pending_task_count(self) -> int:
         """Tasks waiting to be placed, over every active job."""

@@ -228,6 +228,7 @@ class FinishedJob:
     state: JobState
     states: tuple[TaskState, ...]
     note: str
+    retries: tuple[int, ...] = ()  # per task, its failures run again; () for none
 
 
 def gang_failed(states: list[TaskState] | tuple[TaskState, ...], min_member: int) -> bool:

@@ -121,3 +121,15 @@ def test_the_tasks_table_shows_restarts_as_kubectl_does() -> None:
     data = task_data(restarted)
     assert (data["restarts"], data["last_restart_reason"]) == (3, "exit code 1")
     assert task_data(fresh)["restarts"] == 0
+
+
+def test_the_tasks_table_shows_retries_used_of_the_jobs_max_retries() -> None:
+    """RETRIES (Slurm's Restarts) beside RESTARTS, for a job with max_retries only."""
+    failed = TaskInfo("b/0", 0, "main", TaskState.FAILED, retries=2)
+    again = TaskInfo("b/1", 1, "main", TaskState.RUNNING, "n1", retries=1)
+    info = JobInfo("b", JobState.RUNNING, make_job("b").replicas(2).max_retries(2).build(), (failed, again))
+    lines = tasks_view(info).splitlines()
+    assert lines[0].split() == ["INDEX", "TASK", "ROLE", "STATE", "RESTARTS", "RETRIES", "NODE", "GPUS"]
+    assert lines[1].split() == ["0", "b/0", "main", "failed", "0", "2/2", "-", "-"]
+    assert lines[2].split() == ["1", "b/1", "main", "running", "0", "1/2", "n1", "-"]
+    assert task_data(failed)["retries"] == 2

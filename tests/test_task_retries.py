@@ -171,9 +171,13 @@ def test_the_retries_used_outlive_a_restart(tmp_path: Path) -> None:
         assert store.load_retried() == {"r/0": 2}
     again = _local(tmp_path)  # a restarted master: the task used both of its retries already
     try:
+        (snap,) = again.jobs(["r"], placements=False)
+        assert snap is not None and snap.retries == (2,)
         _bound(again, "r")
         again.finished(["r/0"], TaskState.FAILED, {"r/0": "exit code 1"})
         assert _states(again, "r") == (JobState.FAILED, [TaskState.FAILED])
+        (snap,) = again.jobs(["r"], placements=False)
+        assert snap is not None and snap.retries == (2,)  # kept once the job has ended
     finally:
         again.close()
 
@@ -213,6 +217,10 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         explained = client.explain("broken")
         assert "run again (retry 1 of 2)" in explained  # the first failure, and the last:
         assert "latest: task 0 failed: exit code 4 (on n1); no retry left (of 2)" in explained
+        # The retries used, per task, in the API's view (Slurm's Restarts; kubectl's RESTARTS
+        # counts a service's restarts by its agent, and stays 0 here).
+        assert [(t.retries, t.restarts) for t in client.get("broken").tasks] == [(2, 0)]
+        assert [t.retries for t in client.get("flaky").tasks] == [1]
 
 
 def test_a_gang_member_failing_for_good_stops_its_mate_on_the_agent(tmp_path: Path) -> None:
