@@ -1488,7 +1488,7 @@ class Dispatcher:
         self._reservations.forget(rec.job_id)
         self._deadlines.late.discard(rec.job_id)
         retries = self.retries_of(rec.job)
-        if retries:
+        if rec.job.max_retries and self._retried:
             for tid in rec.job.task_ids():
                 self._retried.pop(tid, None)
         left = self._tenant_jobs[rec.tenant] - 1
