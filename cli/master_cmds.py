@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from gosched.cli.exits import ExitCode
 from gosched.cli.flags import check_count, check_seconds, refuse
-from gosched.common.config import Settings, load_settings, unknown_key_hints
+from gosched.common.config import Settings, SettingsSources, load_settings
 from gosched.common.secret_files import SecretFileError
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
@@ -56,22 +56,45 @@ SimSecondsOpt = Annotated[
 ]
 
 
+# The flags of `master` and `up` whose names are not --<setting with dashes>.
+FLAG_NAMES = {"store_path": "--store", "ray_address": "--address", "runtime": "--in-process"}
+
+
 def _settings(config: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
-    return settings_or_exit(lambda: checked_settings(config, defaults=defaults, **overrides), config)
+    return settings_or_exit(
+        lambda: checked_settings(config, defaults=defaults, **overrides),
+        config,
+        defaults=defaults,
+        overrides=overrides,
+    )
 
 
-def settings_or_exit(build: Callable[[], Settings], config: str | None = None) -> Settings:
+def settings_or_exit(
+    build: Callable[[], Settings],
+    config: str | None = None,
+    *,
+    defaults: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
+    from_file: bool = True,
+) -> Settings:
     """`build()`, or the reason it is invalid on stderr and exit 2: every command that takes
-    settings from a file or flags reports them alike, never with a traceback. An unknown key gets
-    the known key it most likely stands for."""
+    settings from a file or flags reports them alike, never with a traceback. One line per error:
+    the field's path, the reason and where the value came from (the file, a GOSCHED_* variable, a
+    flag: `defaults` and `overrides` as given to load_settings; `from_file` false for settings made
+    from flags alone). An unknown key gets the known key it most likely stands for."""
     try:
         return build()
     except Exception as exc:  # pydantic's ValidationError names each bad field
-        hints = unknown_key_hints(exc.errors()) if isinstance(exc, ValidationError) else []
-        source = config or os.environ.get("GOSCHED_CONFIG")
-        told = [f"invalid configuration: {exc}", *hints]
-        if source and isinstance(exc, ValidationError):
-            told.append(f"(settings from {source}, GOSCHED_* variables and flags)")
+        source = (config or os.environ.get("GOSCHED_CONFIG")) if from_file else None
+        sources = SettingsSources(source, defaults=defaults, overrides=overrides, flag_names=FLAG_NAMES)
+        if isinstance(exc, ValidationError):
+            told = [f"invalid configuration: {line}" for line in sources.error_lines(exc.errors())]
+            if source:
+                told.append(f"(settings from {source}, GOSCHED_* variables and flags)")
+        elif isinstance(exc, OSError) and exc.filename is not None:  # the file itself
+            told = [f"invalid configuration: cannot read {exc.filename}: {exc.strerror or exc}"]
+        else:  # the YAML, a plugin name (the message names the field)
+            told = [f"invalid configuration: {sources.described(str(exc))}"]
         typer.echo("\n".join(told), err=True)
         raise typer.Exit(ExitCode.USAGE) from exc
 
@@ -79,7 +102,7 @@ def settings_or_exit(build: Callable[[], Settings], config: str | None = None) -
 def flag_settings(**flags: Any) -> Settings:
     """Settings from a command's own flags (demo, bench), checked before the command starts: those
     commands build theirs deep inside the run, where a bad value would end in a traceback."""
-    return settings_or_exit(lambda: Settings(**flags))
+    return settings_or_exit(lambda: Settings(**flags), overrides=flags, from_file=False)
 
 
 def checked_settings(
@@ -277,8 +300,10 @@ def up(
 ) -> None:
     """The embedded default: a local Ray, the master, this machine's agent, simulated nodes.
 
-    Exits 2 on an invalid flag or configuration, before starting; 1 if the start is refused (a port
-    in use, another master on the store) or something stops on a failure.
+    The settings' runtime is honoured: with `runtime: local` (in the -c file or GOSCHED_RUNTIME)
+    every component runs in this process, without Ray, and the first line says so. Exits 2 on an
+    invalid flag or configuration, before starting; 1 if the start is refused (a port in use,
+    another master on the store) or something stops on a failure.
     """
     from gosched import Client
 
@@ -293,7 +318,6 @@ def up(
         store_path=store,
         grpc_port=grpc_port,
         http_port=http_port,
-        runtime="ray",
     )
     if settings.tls_cert is not None:
         # Its own agent and client reach it at 127.0.0.1 and hold no CA or client certificate.
@@ -302,7 +326,7 @@ def up(
         )
     new_store = missing_store(settings.store_path)  # before _start creates it
     started = time.monotonic()
-    typer.echo(f"starting Ray and the master ({settings.shards} shards) ...")
+    typer.echo(_starting(settings, config))
     handle = _start(settings, sim_nodes, sim_task_seconds)
     note_new_store(new_store)
     target = f"127.0.0.1:{handle.grpc_port}"
@@ -342,6 +366,19 @@ def up(
         except subprocess.TimeoutExpired:
             agent.kill()
         handle.stop()
+
+
+def _starting(settings: Settings, config: str | None) -> str:
+    """What `up` starts: Ray and the master, or (runtime: local, from the file or the env) the
+    master alone, saying where that came from: `gosched config show` reports the same runtime."""
+    if settings.runtime != "local":
+        return f"starting Ray and the master ({settings.shards} shards) ..."
+    source = SettingsSources(config or os.environ.get("GOSCHED_CONFIG")).source_of(("runtime",))
+    why = f"runtime: local, {source}" if source else "runtime: local"
+    return (
+        f"starting the master ({settings.shards} shards) in this process, without Ray ({why}; "
+        "runtime: ray runs it on a local Ray) ..."
+    )
 
 
 def _show_working(client: Any, me: str, started: float) -> None:

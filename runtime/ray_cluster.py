@@ -22,6 +22,10 @@ Failures:
   Both open the SQLite store, a file of the driver's machine, so they are pinned to the driver's
   node (a hard node affinity: a restart never moves them to a machine with another store); the
   shards go wherever Ray places them.
+
+A local start (no address) is Ray's head started by this process: its GCS, raylet, dashboard and
+monitors share the fate of the *thread* that started them (PR_SET_PDEATHSIG): see _start_local and
+stop_own_ray for how they are started and stopped so that nothing of the session outlives it.
 """
 
 import contextlib
@@ -32,6 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import psutil
@@ -217,7 +222,7 @@ def _start_ray(address: str | None, **options: Any) -> None:
         before = _ray_children() if address is None else {}
         try:
             if address is None:
-                ray.init(**{"include_dashboard": False, "logging_level": logging.WARNING, **options})
+                _start_local({"include_dashboard": False, "logging_level": logging.WARNING, **options})
             else:
                 ray.init(address=address, logging_level=logging.WARNING)
             return
@@ -230,6 +235,122 @@ def _start_ray(address: str | None, **options: Any) -> None:
                 raise RayJoinFailed(_join_failure(address, exc)) from exc
             logging.getLogger(__name__).warning("Ray did not start (%s); trying again", exc)
             time.sleep(1.0)
+
+
+# How often the thread that started a local Ray looks whether Ray's processes have ended yet.
+OUTLIVE_POLL_S = 0.5
+
+
+def _start_local(options: dict[str, Any]) -> None:
+    """ray.init(**options) for a local start, from a thread that outlives the processes it makes.
+
+    Ray starts its head's processes (GCS, raylet, dashboard, monitors) with PR_SET_PDEATHSIG:
+    the kernel SIGKILLs them when the *thread* that forked them ends, not the process. Started from
+    a thread that ends before ray.shutdown() (the API's scheduling thread does: SchedulerService
+    stops it, then closes the control plane from another thread), the raylet and the GCS died
+    killed, never told to stop; the raylet's dashboard and runtime-env agents, orphaned to PID 1,
+    then waited 60 s to report the raylet's "unexpected" death to the dead GCS, deaf to SIGTERM
+    (their main thread blocked in Ray's C++ client) -- a minute of two more processes after every
+    `gosched up`. So a start from any thread but the main one (which lasts as long as the process)
+    runs ray.init on a daemon thread of its own that stays until those processes have ended; at
+    the process's exit it goes with them, as fate sharing means it to."""
+    if threading.current_thread() is threading.main_thread():
+        ray.init(**options)
+        return
+    started: Future[None] = Future()
+
+    def start_and_outlive() -> None:
+        before = set(_ray_children())
+        try:
+            ray.init(**options)
+        except BaseException as exc:  # the caller cleans up what a failed start left
+            started.set_exception(exc)
+            return
+        made = [proc for pid, proc in _ray_children().items() if pid not in before]
+        started.set_result(None)
+        while any(_running(proc) for proc in made):
+            time.sleep(OUTLIVE_POLL_S)
+
+    threading.Thread(target=start_and_outlive, name="gosched-ray-parent", daemon=True).start()
+    started.result()
+
+
+def _running(proc: psutil.Process) -> bool:
+    """`proc` (the very process, not one that took its pid since) is alive, a zombie not counted."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# Seconds the processes of a stopped local Ray get to end by themselves before they are killed.
+LEFTOVER_GRACE_S = 2.0
+
+
+def _session_dir() -> str | None:
+    """The session folder of the Ray this process started (/tmp/ray/session_...), or None."""
+    with contextlib.suppress(Exception):
+        node = getattr(ray._private.worker, "_global_node", None)
+        if node is not None:
+            return str(node.get_session_dir_path())
+    return None
+
+
+def session_processes(session_dir: str) -> list[psutil.Process]:
+    """This user's Ray processes of the session in `session_dir`, wherever they are in the process
+    tree (an agent whose raylet died is PID 1's): the head's programs name the folder in their
+    command line, the raylet's agents and workers (their title changed to ray::...) hold its log
+    files open. Not this process, nor anything but Ray's own programs (a worker's child such as
+    the binder's store writer holds a worker's log file open too, and finishes its work itself)."""
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
+    folder = session_dir.rstrip(os.sep)
+    inside = folder + os.sep
+    uid = os.getuid()
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid == os.getpid() or proc.uids().real != uid:
+                continue
+            cmdline = proc.cmdline()
+            if not cmdline:
+                continue
+            if cmdline[0].startswith("ray::"):
+                mine = any(f.path.startswith(inside) for f in proc.open_files())
+            else:
+                mine = any(arg.startswith(ray_dir) for arg in cmdline) and any(
+                    inside in arg or arg.endswith(folder) for arg in cmdline
+                )
+            if mine:
+                found.append(proc)
+    return found
+
+
+def stop_own_ray() -> None:
+    """ray.shutdown() of the Ray this process started, then an end to what of its session is left.
+
+    Ray's shutdown sends the raylet SIGTERM and SIGKILLs it a second later; the raylet stops its
+    agents and workers only on a SIGTERM it had time to act on. On a loaded machine (two cores)
+    it may not, and its agents then wait 60 s on the GCS, unkillable but by SIGKILL (see
+    _start_local). Whatever of the session runs LEFTOVER_GRACE_S after the shutdown is killed."""
+    session = _session_dir()
+    ray.shutdown()
+    if session is None:
+        return
+    left = [proc for proc in session_processes(session) if _running(proc)]
+    if not left:
+        return
+    _, alive = psutil.wait_procs(left, timeout=LEFTOVER_GRACE_S)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    if alive:
+        psutil.wait_procs(alive, timeout=5.0)
+        logging.getLogger(__name__).info(
+            "killed %d process(es) Ray's shutdown left of %s: %s",
+            len(alive),
+            session,
+            ", ".join(f"{proc.pid}" for proc in alive),
+        )
 
 
 def _on_this_node() -> NodeAffinitySchedulingStrategy:
@@ -551,4 +672,4 @@ class RayScheduler:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(handle, no_restart=True)
         if self._own_ray:
-            ray.shutdown()
+            stop_own_ray()

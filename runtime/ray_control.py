@@ -44,7 +44,7 @@ from gosched.runtime.control import (
     untolerated,
     with_placements,
 )
-from gosched.runtime.ray_cluster import RayScheduler
+from gosched.runtime.ray_cluster import RayScheduler, stop_own_ray
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -373,7 +373,10 @@ class RayControl:
         # the GCS.
         if self.rs._own_ray or self._lost is not None:
             with contextlib.suppress(Exception):
-                ray.shutdown()
+                if self.rs._own_ray:  # Ray's shutdown, then an end to what it left of the session
+                    stop_own_ray()
+                else:
+                    ray.shutdown()
 
     # -- jobs -------------------------------------------------------------------------------------------
     @_answered(SUBMIT_NOTE)

@@ -449,7 +449,7 @@ def test_a_bad_settings_flag_exits_2_naming_the_field(args: list[str], field: st
     # As `gosched master --shards 0` does: a message naming the field, not a traceback.
     result = CliRunner().invoke(app, [*args, *(["--out", str(tmp_path)] if args[0] == "bench" else [])])
     assert result.exit_code == 2, (result.output, result.exception)
-    assert "invalid configuration" in result.stderr and f"\n{field}\n" in result.stderr, result.stderr
+    assert f"invalid configuration: {field}: " in result.stderr, result.stderr
 
 
 # -- the master is not there ---------------------------------------------------------------------

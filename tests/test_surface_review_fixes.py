@@ -328,7 +328,7 @@ def test_a_tenant_weight_for_a_name_no_tenant_can_have_is_refused(tmp_path: Path
         load_settings(path)
     result = config_show(tmp_path, text)
     assert result.exit_code == 2, result.output
-    assert "queues.0.tenant_weights" in result.stderr and "not a valid tenant name" in result.stderr
+    assert "queues[0].tenant_weights[" in result.stderr and "not a valid tenant name" in result.stderr
 
 
 def test_tenant_weights_of_tenant_names_load(tmp_path: Path) -> None:
