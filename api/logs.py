@@ -42,12 +42,17 @@ class LogStore:
 
     def reset(self, task_id: str) -> None:
         """A new run of the task starts, whose chunks count from offset 0 again (as `kubectl logs`
-        shows the current container's run): its output so far becomes the previous run's, in place
-        of the one before (a run that wrote nothing leaves the previous as it was)."""
-        for stream in STREAMS:
-            current = self.path(task_id, stream)
-            if current.exists():
-                current.replace(self.path(task_id, stream, previous=True))
+        shows the current container's run): its output so far becomes the previous run's, both
+        streams, in place of the one before (a run that wrote nothing leaves the previous as it
+        was; one that wrote one stream leaves the other empty, not the run before's)."""
+        current = [self.path(task_id, stream) for stream in STREAMS]
+        if any(path.exists() for path in current):
+            for stream, path in zip(STREAMS, current, strict=True):
+                previous = self.path(task_id, stream, previous=True)
+                if path.exists():
+                    path.replace(previous)
+                else:
+                    previous.unlink(missing_ok=True)
         with self._written:
             self.generation += 1
             self._written.notify_all()

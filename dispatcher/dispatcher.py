@@ -1080,6 +1080,11 @@ class Dispatcher:
         self._release(task_ids, final_state, reasons, again, updates, told)
         if self.store is not None and (updates or told):
             self.store.set_task_states(updates, reasons=told)
+        return self.take_aborted()
+
+    def take_aborted(self) -> dict[str, list[str]]:
+        """The gangs stopped since the last call (on_released's answer, or restore's), by job id,
+        with their tasks that held resources, for the binder's cancel_job."""
         aborted, self._aborted = self._aborted, {}
         return aborted
 
@@ -1155,11 +1160,17 @@ class Dispatcher:
         (Store.load_retried), so no task gets a retry past max_retries. A restart before that
         write finds the task still bound and its job's backoff stored: only the job's tasks pending
         then wait it out, as they would have after on_retried, and the mark is dropped. Nothing
-        else changes here; on_retried does the rest."""
+        else changes here; on_retried does the rest.
+
+        A gang that the report's failures with no retry left leave below its min_member for good
+        runs none of them again: it has failed (on_released stops the rest), so the caller ends
+        them all as failed. The caller ends those failures first, then takes these off their nodes,
+        so that a gang broken by these takes no task whose failure is final with it."""
         out = []
         waits: dict[str, float] = {}
         base, cap = self.settings.failure_backoff_s, self.settings.failure_backoff_max_s
         now = self.clock()
+        final: dict[str, list[int]] = {}  # per gang of the report, its tasks failed for good
         for tid in task_ids:
             job_id, index = split_task_id(tid)
             rec = self._jobs.get(job_id)
@@ -1171,9 +1182,23 @@ class Dispatcher:
                 delay = backoff_delay(base, cap, used + 1)
                 if delay:
                     waits[job_id] = max(waits.get(job_id, rec.retry_at), now + delay)
+            elif rec.job.min_member > 1:
+                final.setdefault(job_id, []).append(index)
+        failed = {job_id for job_id, indexes in final.items() if self._fails_with(job_id, indexes)}
+        if failed:
+            out = [tid for tid in out if split_task_id(tid)[0] not in failed]
+            waits = {job_id: at for job_id, at in waits.items() if job_id not in failed}
         if self.store is not None and out:
             self.store.set_task_states([], retry_at=waits, failing=out)
         return out
+
+    def _fails_with(self, job_id: str, indexes: list[int]) -> bool:
+        """The gang has failed once these of its tasks have failed for good."""
+        rec = self._jobs[job_id]
+        states = list(rec.states)
+        for index in indexes:
+            states[index] = FAILED
+        return gang_failed(states, rec.job.min_member)
 
     def _holds(self, tid: str) -> bool:
         job_id, index = split_task_id(tid)
@@ -1197,7 +1222,9 @@ class Dispatcher:
         now = self.clock()
         for tid in counted:
             job_id, index = split_task_id(tid)
-            rec = self._jobs[job_id]
+            rec = self._jobs.get(job_id)
+            if rec is None:  # ended since begin_retries (a cancel): nothing runs again
+                continue
             used = self._retried.get(tid, 0) + (tid not in restored)
             self._retried[tid] = used
             why = (reasons or {}).get(tid, "")
@@ -1311,8 +1338,8 @@ class Dispatcher:
         )
         holding = self._cancel_record(rec, note, updates)
         log.info("job %s failed: %s", rec.job_id, note)
-        if holding:
-            self._aborted[rec.job_id] = [task_id(rec.job_id, i) for i in holding]
+        # Told to the binder even with nothing held, as a cancel is: a unit in flight is refused.
+        self._aborted[rec.job_id] = [task_id(rec.job_id, i) for i in holding]
         return bool(holding)
 
     def _cancel_record(self, rec: JobRecord, note: str, updates: Updates) -> list[int]:
@@ -1625,9 +1652,11 @@ class Dispatcher:
         # given here keep FIFO order (and every policy's tie-break) as it was before the restart. Not
         # by submit_time: a client may give a past one, and policies that read it (priority aging,
         # deadlines) read it from the job, not from this order.
+        # The failure marks are settled first (load_retried writes): the jobs read next then agree
+        # with the counts, should a binder still running move a task on meanwhile.
+        retried = self.store.load_retried()
         loaded = self.store.load_jobs()
         failures = self.store.load_failures()  # what explain said of a task failure, before
-        retried = self.store.load_retried()
         now = self.clock()
         backoffs = self.store.load_retry_at(now)  # failed tasks' backoffs still to wait out
         missed: list[str] = []  # not started, and could no longer end by their deadline
@@ -1683,6 +1712,10 @@ class Dispatcher:
             if rec.n_pending and not rec.cancelled:
                 self._wait_or_enqueue(rec, now)
             restored += 1
+            if not rec.cancelled and gang_failed(states, job.min_member):
+                # A gang failed for good before the restart told the dispatcher (the binder had
+                # stored the failure): stopped now, its held tasks for the caller (take_aborted).
+                self._abort_gang(rec, states.index(FAILED), updates)
         if updates:
             self.store.set_task_states(updates)
         if missed:

@@ -60,6 +60,8 @@ class Pipeline:
         if known:  # a restart: nodes come back from the store
             self._nodes_changed(known, [])
         self.dispatcher.restore()
+        for job_id, holding in self.dispatcher.take_aborted().items():  # gangs found failed
+            self.binder.cancel_job(job_id, holding)
         if nodes:
             self.add_nodes(keep_operator_states(nodes, known))
         self.sync_shards()
@@ -117,17 +119,18 @@ class Pipeline:
         """Tasks that ended on their node: free their resources and record the end (and, for a
         failure, why: `reasons` by task id). Only the tasks the binder still held end so: one
         evicted meanwhile ends as its eviction says (the binder's report), whatever its run said.
-        A failed task its job runs again (Job.max_retries) leaves its node as a lost one does."""
-        if final is TaskState.FAILED:
-            again = self.dispatcher.begin_retries(task_ids)
-            if again:
-                self.dispatcher.on_retried(again, self.binder.lose(again), reasons)
-                retried = set(again)
-                task_ids = [t for t in task_ids if t not in retried]
+        A failed task its job runs again (Job.max_retries) leaves its node as a lost one does, after
+        the report's other ends: a gang it breaks then takes none whose failure is final with it."""
+        again = self.dispatcher.begin_retries(task_ids) if final is TaskState.FAILED else []
+        if again:
+            retried = set(again)
+            task_ids = [t for t in task_ids if t not in retried]
         released = self.binder.release(task_ids, final.value)
         # A gang a failure for good stopped: its other tasks are freed as a cancel's are.
         for job_id, holding in self.dispatcher.on_released(released, final, reasons).items():
             self.binder.cancel_job(job_id, holding)
+        if again:
+            self.dispatcher.on_retried(again, self.binder.lose(again), reasons)
         self.sync_shards()  # see the room now: a verdict on the old view would be trusted
 
     def cancel(self, job_id: str) -> None:

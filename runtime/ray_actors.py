@@ -215,15 +215,20 @@ class DispatcherCore:
         self.binder_incarnation = binder_incarnation
         if cancels:
             binder.note_cancelled.remote(cancels)
+        self._send_deadline_cancels()  # and the gangs its restore found failed
         return self.incarnation
 
     def _send_deadline_cancels(self) -> None:
         """Tell the binder of the jobs a deadline cancelled (a lost shard's commit of theirs is
-        refused); kept while there is no binder yet (after a restart of this actor, before reload)."""
+        refused), and of the gangs a restore found failed (their held tasks to free, as a cancel's);
+        kept while there is no binder yet (after a restart of this actor, before reload). Without
+        waiting for its answer: the binder calls into this actor (requeue_shard)."""
         if self.binder is not None:
             cancels = self.dispatcher.take_deadline_cancels()
             if cancels:
                 self.binder.note_cancelled.remote(cancels)
+            for job_id, holding in self.dispatcher.take_aborted().items():
+                self.binder.cancel_job.remote(job_id, holding)
 
     def ping(self) -> str:
         """Answered once every call sent to this actor before it by the same caller has run."""

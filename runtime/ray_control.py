@@ -432,22 +432,24 @@ class RayControl:
     ) -> None:
         # Only the tasks the binder still held: one a batch evicted meanwhile ends as the eviction
         # (the binder's report) says, whatever its run said. A failed task its job runs again
-        # (Job.max_retries) leaves its node as a lost one does.
+        # (Job.max_retries) leaves its node as a lost one does, after the report's other ends: a
+        # gang it breaks then takes none whose failure is final with it.
+        again: list[str] = []
         if final is TaskState.FAILED:
-            again: list[str] = ray.get(self.rs.dispatcher.begin_retries.remote(list(task_ids)))
-            if again:
-                gone: list[str] = ray.get(self.rs.binder.lose.remote(again))
-                ray.get(self.rs.dispatcher.on_retried.remote(again, gone, dict(reasons or {})))
-                retried = set(again)
-                task_ids = [t for t in task_ids if t not in retried]
+            again = ray.get(self.rs.dispatcher.begin_retries.remote(list(task_ids)))
+            retried = set(again)
+            task_ids = [t for t in task_ids if t not in retried]
         released: list[str] = ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
         aborted: dict[str, list[str]] = ray.get(
             self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {}))
         )
         # A gang a failure for good stopped: its other tasks are freed as a cancel's are.
+        binder = self.rs.binder
         if aborted:
-            binder = self.rs.binder
             ray.get([binder.cancel_job.remote(job_id, holding) for job_id, holding in aborted.items()])
+        if again:
+            gone: list[str] = ray.get(binder.lose.remote(again))
+            ray.get(self.rs.dispatcher.on_retried.remote(again, gone, dict(reasons or {})))
         self._resync_shards()
 
     @_answered()

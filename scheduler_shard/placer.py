@@ -32,6 +32,8 @@ from gosched.scheduler_shard.plugins.preemption import ForStarvingJobs
 from gosched.scheduler_shard.preemption import find_candidate
 from gosched.scheduler_shard.unit_context import UnitContext
 
+# At most this many class entries' never-fits counts are kept (each keeps its entry alive).
+MOST_KEPT = 256
 IN_FLIGHT_VICTIMS_NOTE = "lower-priority tasks in the way are still being bound: preempting them next"
 BUDGET_IN_FLIGHT_NOTE = (
     "a disruption budget's count may change when this shard's plans at the binder are answered "
@@ -353,8 +355,8 @@ class Placer:
             return ""
         group = job.groups[0]
         entry = self.cache.entry(group, state)
-        if self._most_generation != state.meta_generation:  # capacities and filters as they were
-            self._most.clear()
+        if self._most_generation != state.meta_generation or len(self._most) >= MOST_KEPT:
+            self._most.clear()  # capacities and filters changed, or entries of dropped classes pile up
             self._most_generation = state.meta_generation
         known = self._most.get(id(entry))
         if known is None or known[0] is not entry:
@@ -364,7 +366,7 @@ class Placer:
         if most >= job.min_member:
             return ""
         return (
-            f"it can never fit as the cluster is: even empty, the nodes it may use hold at most {most} "
+            f"it can never fit as the cluster is: even empty, the ready nodes it may use hold at most {most} "
             f"of its tasks, and its gang needs {job.min_member}"
         )
 

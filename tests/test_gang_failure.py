@@ -97,3 +97,61 @@ def test_tasks_failing_in_one_report_all_end_failed_and_only_the_rest_are_stoppe
     assert _tasks(p, job) == [F, F, C]
     assert [p.store.task_state(f"g/{i}") for i in range(3)] == [F, F, C]
     p.close()
+
+
+def test_a_final_failure_reported_with_a_mates_retriable_one_fails_the_gang(tmp_path: Path) -> None:
+    """g/1 has used its retry; g/0 and g/1 then fail in one report. g/1's failure is final, so the
+    gang has failed: g/0 is not run again, and g/1 is not taken off as g/0's gang mate (which
+    lost its failure and ran it a third time, past max_retries)."""
+    p = _pipeline(tmp_path)
+    job = make_job("g").cpu("1").replicas(2).min_member(2).max_retries(1).build()
+    p.submit(job)
+    p.run_until_idle()
+    p.complete(["g/1"], F, {"g/1": "exit code 1"})  # its one retry
+    p.run_until_idle()
+    assert _tasks(p, job) == [B, B]
+    p.complete(["g/0", "g/1"], F, {"g/0": "exit code 2", "g/1": "exit code 3"})
+    p.run_until_idle()
+    assert p.dispatcher.job_state("g") is JobState.FAILED
+    assert _tasks(p, job) == [F, F]
+    assert not [tid for tid in p.binder.state.task_row if tid.startswith("g/")]
+    assert "task 1 failed: exit code 3; no retry left (of 1)" in p.dispatcher.explain("g")
+    p.close()
+
+
+def test_an_elastic_gang_broken_by_a_retry_keeps_the_final_failure_of_its_mate(tmp_path: Path) -> None:
+    """4 tasks, min_member 3, room for 3 (g/3 waits). g/0 has used its retry; g/0 (final) and g/1
+    (a retry left) then fail in one report. g/0's end comes first, so taking g/1 off breaks the
+    gang without g/0: it stays failed. In the other order the break took g/0 off as a mate, its
+    failure was lost, and it ran a third time."""
+    p = _pipeline(tmp_path)
+    p.submit(make_job("blocker").cpu("2").build())  # one node's room
+    job = make_job("g").cpu("2").replicas(4).min_member(3).max_retries(1).build()
+    p.submit(job)
+    p.run_until_idle()
+    p.complete(["g/0"], F, {"g/0": "exit code 1"})  # its one retry: the gang breaks, is placed again
+    p.run_until_idle()
+    assert _tasks(p, job) == [B, B, B, TaskState.PENDING]
+    p.complete(["g/0", "g/1"], F, {"g/0": "exit code 4", "g/1": "exit code 5"})
+    assert _tasks(p, job)[0] is F
+    assert p.dispatcher.retries_of(job)[:2] == (1, 1)
+    p.run_until_idle()
+    assert _tasks(p, job)[0] is F  # never run again
+    p.close()
+
+
+def test_a_gang_whose_failure_the_binder_stored_before_a_crash_is_stopped_at_restart(tmp_path: Path) -> None:
+    """The binder stored g/0 failed, and the master died before the dispatcher heard: the restarted
+    one finds the gang failed, stops the rest and frees them at the binder."""
+    p = _pipeline(tmp_path)
+    job = make_job("g").cpu("1").replicas(3).min_member(3).build()
+    p.submit(job)
+    p.run_until_idle()
+    assert p.binder.release(["g/0"], F.value) == ["g/0"]  # then the master dies
+    p.close()
+    again = _pipeline(tmp_path)
+    assert again.dispatcher.job_state("g") is JobState.FAILED
+    assert _tasks(again, job) == [F, C, C]
+    assert not [tid for tid in again.binder.state.task_row if tid.startswith("g/")]
+    assert "the gang cannot reach its min_member of 3" in again.dispatcher.explain("g")
+    again.close()

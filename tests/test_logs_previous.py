@@ -20,7 +20,7 @@ def test_a_new_run_keeps_the_last_runs_output_as_the_previous_one(tmp_path: Path
     logs.write("j/0", "stdout", 0, b"second\n")
     logs.reset("j/0")  # the third: the second run is the previous now, the first is gone
     assert logs.read("j/0", "stdout", 0, previous=True) == b"second\n"
-    assert logs.read("j/0", "stderr", 0, previous=True) == b"first err\n"  # the second wrote none
+    assert logs.read("j/0", "stderr", 0, previous=True) == b""  # the second wrote none: not the first's
     assert logs.size("j/0", "stdout", previous=True) == len(b"second\n")
 
 
@@ -42,3 +42,16 @@ def test_the_cli_reads_the_previous_run_and_refuses_to_follow_it(tmp_path: Path)
         assert refused.exit_code == 2 and "so --follow has nothing to follow" in refused.stderr
     finally:
         server.stop()
+
+
+def test_a_run_that_wrote_one_stream_leaves_the_other_previous_empty_not_an_older_runs(
+    tmp_path: Path,
+) -> None:
+    logs = LogStore(tmp_path)
+    logs.write("j/0", "stdout", 0, b"run 1 out\n")
+    logs.write("j/0", "stderr", 0, b"run 1 traceback\n")
+    logs.reset("j/0")
+    logs.write("j/0", "stdout", 0, b"run 2 out\n")  # no stderr this time
+    logs.reset("j/0")
+    assert logs.read("j/0", "stdout", 0, previous=True) == b"run 2 out\n"
+    assert logs.read("j/0", "stderr", 0, previous=True) == b""  # not run 1's

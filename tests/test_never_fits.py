@@ -48,7 +48,7 @@ def _pending_note(tmp_path: Path, nodes: list[Node], job: Job) -> str:
 )
 def test_a_gang_larger_than_the_cluster_is_told_it_can_never_fit(job: Job, most: int, tmp_path: Path) -> None:
     text = _pending_note(tmp_path, _gpu_nodes(), job)
-    assert f"{NEVER}: even empty, the nodes it may use hold at most {most} of its tasks" in text
+    assert f"{NEVER}: even empty, the ready nodes it may use hold at most {most} of its tasks" in text
     assert f"its gang needs {job.min_member}" in text
 
 
