@@ -985,8 +985,9 @@ def job_from_spec(
                 if groups[j].role == group.role:
                     where = _at(_item("groups", i), "role")
                     _fail(where, f"duplicate role {group.role!r} (also groups[{j}])")
-            if new:  # the path as a JobSpec message holds them (and api/convert reads its groups)
-                _refuse_builtin(group.resources.extended, f"groups[{i}].resources.extended")
+            extended = group.resources.extended
+            if new and extended:  # the path as a JobSpec message holds them (api/convert reads its groups)
+                _refuse_builtin(extended, f"groups[{i}].resources.extended")
     elif isinstance(spec, Mapping) and "groups" in spec:
         misplaced = sorted(_GROUP_KEYS & spec.keys())
         if misplaced:
