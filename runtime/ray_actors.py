@@ -207,15 +207,19 @@ class DispatcherCore:
     def reload(self, binder: Any, binder_incarnation: str) -> str:
         """Rebuild the dispatcher from the store (after a binder restart, or its own), and take
         reports from this binder incarnation only. Returns the dispatcher's new incarnation."""
-        # Not yet told: the new dispatcher reads these jobs from the store as cancelled, and never would.
+        # Not yet told: the new dispatcher reads these jobs from the store as cancelled, and never
+        # would; so with the gangs the old one (its restore at this actor's start) stopped.
         cancels = self.dispatcher.take_deadline_cancels()
+        aborted = self.dispatcher.take_aborted()
         self.store.close()
         self._build()
         self.binder = binder
         self.binder_incarnation = binder_incarnation
         if cancels:
             binder.note_cancelled.remote(cancels)
-        self._send_deadline_cancels()  # and the gangs its restore found failed
+        for job_id, holding in aborted.items():
+            binder.cancel_job.remote(job_id, holding)
+        self._send_deadline_cancels()  # and the gangs the new one's restore found failed
         return self.incarnation
 
     def _send_deadline_cancels(self) -> None:

@@ -164,6 +164,27 @@ def test_control_actor_restart_mid_run(tmp_path: Path, target: str) -> None:
         rs.shutdown()
 
 
+def test_a_restarted_dispatcher_stops_a_gang_whose_failure_the_binder_stored_first(tmp_path: Path) -> None:
+    """The binder stored g/0 failed and the dispatcher actor died before it heard: restarted, it
+    finds the gang failed and has the binder free the other tasks (sent after the reload)."""
+    rs = scheduler(tmp_path, sim_nodes(4))
+    try:
+        rs.submit_many([make_job("g").cpu("1").replicas(3).min_member(3).build()])
+        rs.run_until_idle(timeout=30)
+        assert all(rs.resident_node(f"g/{i}") for i in range(3))
+        assert ray.get(rs.binder.release.remote(["g/0"], "failed")) == ["g/0"]
+        ray.kill(rs.dispatcher, no_restart=False)  # before it hears of the failure
+        deadline = time.monotonic() + 60
+        while rs.resident_node("g/1") is not None or rs.resident_node("g/2") is not None:
+            rs.run_until_idle(timeout=30)  # the rounds notice the restart and reload it
+            assert time.monotonic() < deadline, "the gang's other tasks were never freed"
+            time.sleep(0.2)
+        assert rs.job_state("g") == "failed"
+        assert rs.task_states("g") == ["failed", "cancelled", "cancelled"]
+    finally:
+        rs.shutdown()
+
+
 def test_ray_bench_probe() -> None:
     out = run_ray_bench(nodes=50, tasks=500, shards=2)
     assert out["bound_tasks"] == 500
