@@ -1365,8 +1365,9 @@ class Dispatcher:
         self._maybe_finish(rec)
         return holding
 
-    def _cancel_unqueued(self, job_id: str) -> list[str]:
-        """Cancel a job of a queue no longer configured: it is not in usage nor in any queue."""
+    def _cancel_unqueued(self, job_id: str, note: str = "cancelled") -> list[str]:
+        """Cancel a job of a queue no longer configured: it is not in usage nor in any queue.
+        `note`: what explain tells of it (a failed gang's stop, which ends it failed)."""
         kept = self._unqueued.pop(job_id)
         states = list(kept.states)
         holding = [i for i, s in enumerate(states) if s in HOLDS_RESOURCES]
@@ -1375,8 +1376,10 @@ class Dispatcher:
             if s not in TERMINAL:
                 states[i] = CANCELLED
                 updates.append((task_id(job_id, i), CANCELLED))
-        history = "\n".join(filter(None, (kept.note, "cancelled")))  # a failure told before stays
-        self._retain(FinishedJob(kept.job, JobState.CANCELLED, tuple(states), history))
+        history = "\n".join(filter(None, (kept.note, note)))  # a failure told before stays
+        self._retain(
+            FinishedJob(kept.job, job_state_of(states, kept.job.min_member, True), tuple(states), history)
+        )
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         if holding:
@@ -1400,6 +1403,9 @@ class Dispatcher:
             self._retain(FinishedJob(kept.job, state, tuple(states), history))
         else:
             self._unqueued[job_id] = FinishedJob(kept.job, state, tuple(states), history)
+            if final_state is FAILED and gang_failed(states, kept.job.min_member):  # as _abort_gang
+                note = f"stopped: task {index} failed, and the gang cannot reach its min_member"
+                self._aborted[job_id] = self._cancel_unqueued(job_id, note)
         return True
 
     def requeue_in_flight(self, shard_id: int) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gosched.common.config import Settings
+from gosched.common.config import QueueConfig, Settings
 from gosched.common.job import Job
 from gosched.common.states import JobState, TaskState
 from gosched.runtime.pipeline import Pipeline
@@ -154,4 +154,24 @@ def test_a_gang_whose_failure_the_binder_stored_before_a_crash_is_stopped_at_res
     assert _tasks(again, job) == [F, C, C]
     assert not [tid for tid in again.binder.state.task_row if tid.startswith("g/")]
     assert "the gang cannot reach its min_member of 3" in again.dispatcher.explain("g")
+    again.close()
+
+
+def test_a_gang_of_a_queue_no_longer_configured_fails_and_stops_too(tmp_path: Path) -> None:
+    """Restarted without its queue, a running gang is kept apart (never scheduled); a task failing
+    for good still fails it, and its other tasks are freed at the binder."""
+    nodes = [make_node(f"n{i}").cpu("2").mem("8Gi").build() for i in range(4)]
+    db = str(tmp_path / "gs.db")
+    queues = [QueueConfig(name="default"), QueueConfig(name="old")]
+    p = Pipeline(Settings(store_path=db, shards=1, queues=queues), nodes=nodes)
+    job = make_job("g").cpu("1").replicas(3).min_member(3).queue("old").build()
+    p.submit(job)
+    p.run_until_idle()
+    p.close()
+    again = Pipeline(Settings(store_path=db, shards=1), nodes=nodes)
+    assert again.dispatcher.skipped_on_restore == ["g"]
+    again.complete(["g/1"], F, {"g/1": "exit code 1"})
+    assert again.dispatcher.job_state("g") is JobState.FAILED
+    assert again.dispatcher.task_states("g") == [C, F, C]
+    assert not [tid for tid in again.binder.state.task_row if tid.startswith("g/")]
     again.close()
