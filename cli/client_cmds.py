@@ -501,6 +501,9 @@ def cordon(
 
 def drain(
     node: NodeArg,
+    undo: Annotated[
+        bool, typer.Option("--undo", help="End the drain: place new tasks there again (as cordon --undo).")
+    ] = False,
     output: OutputOpt = Format.TABLE,
     master: MasterOpt = DEFAULT_MASTER,
     tls_ca: TlsCaOpt = None,
@@ -508,9 +511,10 @@ def drain(
     tls_key: TlsKeyOpt = None,
     token_file: TokenFileOpt = None,
 ) -> None:
-    """Mark a node draining: no new tasks; its tasks stay until they end."""
+    """Mark a node draining: no new tasks; its tasks stay until they end (then it reads drained,
+    and the machine may be taken down); --undo resumes, as Slurm's scontrol update state=resume."""
     with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
-        info = client.drain(node)
+        info = client.cordon(node, uncordon=True) if undo else client.drain(node)
     out.emit(output, lambda: out.node_data(info), lambda: out.node_line(info))
 
 

@@ -403,6 +403,9 @@ def test_cordon_drain_and_undo(server: ServerHandle, client: Client) -> None:
     assert run(server, "drain", "sim-00003").stdout.strip() == "node sim-00003 draining"
     run(server, "cordon", "sim-00003", "--undo")
     assert client.node("sim-00003").state is NodeState.READY
+    run(server, "drain", "sim-00003")
+    assert json.loads(run(server, "drain", "sim-00003", "--undo", "-o", "json").stdout)["state"] == "ready"
+    assert client.node("sim-00003").state is NodeState.READY  # drain --undo, as Slurm's resume
 
 
 def test_queues_and_status(server: ServerHandle, client: Client) -> None:
