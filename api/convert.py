@@ -373,6 +373,7 @@ class TaskInfo:
     last_restart_reason: str = ""
     last_restart_time: float = 0.0
     retries: int = 0  # how many of its failures were run again (max_retries), over all its attempts
+    reason: str = ""  # why its latest failure failed, in its agent's words; "" none
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,6 +447,7 @@ def job_info_from_proto(msg: pb.Job) -> JobInfo:
                 last_restart_reason=t.last_restart_reason,
                 last_restart_time=t.last_restart_time,
                 retries=t.retries,
+                reason=t.reason,
             )
             for t in msg.tasks
         ),

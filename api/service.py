@@ -88,6 +88,7 @@ class TaskView:
     last_restart_reason: str = ""
     last_restart_time: float = 0.0
     retries: int = 0  # its failures run again (max_retries), over all its attempts
+    reason: str = ""  # why its latest failure failed, in its agent's words ("exit code 3 (on n1)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -667,6 +668,8 @@ def _job_view(snap: JobSnapshot, tasks: bool, restarts: Mapping[int, TaskRestart
         )
         if snap.retries:
             views = tuple(replace(v, retries=n) for v, n in zip(views, snap.retries, strict=True))
+        if snap.reasons:
+            views = tuple(replace(v, reason=why) for v, why in zip(views, snap.reasons, strict=True))
         if restarts:
             views = tuple(
                 v

@@ -125,6 +125,7 @@ def job_message(view: JobView) -> pb.Job:
                 last_restart_reason=t.last_restart_reason,
                 last_restart_time=t.last_restart_time,
                 retries=t.retries,
+                reason=t.reason,
             )
             for t in view.tasks
         ],

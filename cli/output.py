@@ -60,6 +60,7 @@ def task_data(t: TaskInfo) -> dict[str, Any]:
         "last_restart_reason": t.last_restart_reason,
         "last_restart_time": t.last_restart_time,
         "retries": t.retries,
+        "reason": t.reason,  # why its latest failure failed ("" none)
     }
 
 

@@ -20,6 +20,8 @@ class JobSnapshot:
     placements: dict[int, tuple[str, Gpus]] = field(default_factory=dict)  # task index -> (node, gpus)
     # Per task index, its failures run again (Job.max_retries) over all its attempts; () for none.
     retries: tuple[int, ...] = ()
+    # Per task index, why its latest failure failed, in its agent's words ("" none); () for none.
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -688,6 +688,12 @@ class Store:
             ).fetchall()
         return {str(jid): f"task {idx} failed: {reason}" for jid, idx, reason in rows}
 
+    def load_task_reasons(self) -> dict[str, str]:
+        """Per task id, why its latest failure failed, as its agent told it (tasks with one only)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT task_id, reason FROM tasks WHERE reason != ''").fetchall()
+        return {str(tid): str(reason) for tid, reason in rows}
+
     def load_bound(self) -> list[BoundTask]:
         """Every task holding resources (bound or running), with its job: for the binder's recovery."""
         holding = tuple(s.value for s in HOLDS_RESOURCES)

@@ -198,6 +198,8 @@ class Dispatcher:
         # Gangs stopped since on_released last returned (a task failed for good and the others
         # can no longer make min_member): job id -> its tasks that held resources, to free.
         self._aborted: dict[str, list[str]] = {}
+        # Per task of an active job that failed, why its latest failure failed (its agent's words).
+        self._reasons: dict[str, str] = {}
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -1078,9 +1080,25 @@ class Dispatcher:
         updates: Updates = []
         told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
         self._release(task_ids, final_state, reasons, again, updates, told)
+        if told:
+            self._note_reasons(told)
         if self.store is not None and (updates or told):
             self.store.set_task_states(updates, reasons=told)
         return self.take_aborted()
+
+    def _note_reasons(self, told: Mapping[str, str]) -> None:
+        """Keep each task's latest failure reason, for the API (a finished job's go with it)."""
+        for tid, why in told.items():
+            job_id, index = split_task_id(tid)
+            if job_id in self._jobs:
+                self._reasons[tid] = why
+            else:  # ended by this very failure
+                kept = self._finished.get(job_id) or self._unqueued.get(job_id)
+                if kept is not None:
+                    reasons = list(kept.reasons or ("",) * len(kept.states))
+                    reasons[index] = why
+                    done = replace(kept, reasons=tuple(reasons))
+                    (self._finished if job_id in self._finished else self._unqueued)[job_id] = done
 
     def take_aborted(self) -> dict[str, list[str]]:
         """The gangs stopped since the last call (on_released's answer, or restore's), by job id,
@@ -1246,6 +1264,8 @@ class Dispatcher:
                 mate.disruption = f"task {index} stopped: a task of its gang failed and runs again"
         updates: Updates = []
         self._release(released, PENDING, None, gone, updates, told)  # an idle job parks (_wait_or_enqueue)
+        if told:
+            self._note_reasons(told)
         for rec in waiting.values():
             self._back_off_failed(rec, now)
         if self.store is not None and (updates or retried):
@@ -1524,6 +1544,10 @@ class Dispatcher:
         if rec.job.max_retries and self._retried:
             for tid in rec.job.task_ids():
                 self._retried.pop(tid, None)
+        reasons = self.reasons_of(rec.job)
+        if reasons:
+            for tid in rec.job.task_ids():
+                self._reasons.pop(tid, None)
         left = self._tenant_jobs[rec.tenant] - 1
         if left:
             self._tenant_jobs[rec.tenant] = left
@@ -1531,7 +1555,7 @@ class Dispatcher:
             del self._tenant_jobs[rec.tenant]
         state = job_state_of(rec.states, rec.job.min_member, rec.cancelled)
         history = "\n".join(filter(None, (rec.disruption, rec.failure, rec.note)))
-        self._retain(FinishedJob(rec.job, state, tuple(rec.states), history, retries))
+        self._retain(FinishedJob(rec.job, state, tuple(rec.states), history, retries, reasons))
 
     def _retain(self, done: FinishedJob) -> None:
         finished = self._finished
@@ -1663,6 +1687,7 @@ class Dispatcher:
         retried = self.store.load_retried()
         loaded = self.store.load_jobs()
         failures = self.store.load_failures()  # what explain said of a task failure, before
+        task_reasons = self.store.load_task_reasons()
         now = self.clock()
         backoffs = self.store.load_retry_at(now)  # failed tasks' backoffs still to wait out
         missed: list[str] = []  # not started, and could no longer end by their deadline
@@ -1692,7 +1717,8 @@ class Dispatcher:
                 ended = job_state_of(states, job.min_member, cancelled)
                 used = tuple(retried.get(tid, 0) for tid in job.task_ids()) if job.max_retries else ()
                 used = used if any(used) else ()
-                self._retain(FinishedJob(job, ended, tuple(states), failures.get(job.id, ""), used))
+                why = tuple(task_reasons.get(tid, "") for tid in job.task_ids()) if job.id in failures else ()
+                self._retain(FinishedJob(job, ended, tuple(states), failures.get(job.id, ""), used, why))
                 restored += 1
                 continue
             self._seq += 1
@@ -1704,6 +1730,10 @@ class Dispatcher:
                 for tid in job.task_ids():
                     if tid in retried:
                         self._retried[tid] = retried[tid]
+            if job.id in failures:  # a task of it failed: its reasons, per task
+                for tid in job.task_ids():
+                    if tid in task_reasons:
+                        self._reasons[tid] = task_reasons[tid]
             self._tenant_jobs[rec.tenant] = self._tenant_jobs.get(rec.tenant, 0) + 1
             if job.submission_id:
                 self._submissions[job.submission_id] = job.id
@@ -1790,10 +1820,21 @@ class Dispatcher:
                 out.append(None)
                 continue
             rec = self._jobs.get(j)
-            retries = self._kept(j).retries if rec is None else self.retries_of(rec.job)
+            if rec is None:
+                kept = self._kept(j)
+                retries, reasons = kept.retries, kept.reasons
+            else:
+                retries, reasons = self.retries_of(rec.job), self.reasons_of(rec.job)
             states = tuple(self.task_states(j))
-            out.append(JobSnapshot(self.job(j), self.job_state(j), states, retries=retries))
+            out.append(JobSnapshot(self.job(j), self.job_state(j), states, retries=retries, reasons=reasons))
         return out
+
+    def reasons_of(self, job: Job) -> tuple[str, ...]:
+        """Per task of a job not finished, why its latest failure failed ("" none); () for none."""
+        if not self._reasons:
+            return ()
+        found = tuple(self._reasons.get(tid, "") for tid in job.task_ids())
+        return found if any(found) else ()
 
     def retries_of(self, job: Job) -> tuple[int, ...]:
         """Per task of a job not finished, its failures run again so far; () for none."""

@@ -229,6 +229,7 @@ class FinishedJob:
     states: tuple[TaskState, ...]
     note: str
     retries: tuple[int, ...] = ()  # per task, its failures run again; () for none
+    reasons: tuple[str, ...] = ()  # per task, why its latest failure failed; () for none
 
 
 def gang_failed(states: list[TaskState] | tuple[TaskState, ...], min_member: int) -> bool:

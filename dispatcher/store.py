@@ -48,6 +48,9 @@ class JobStore(Protocol):
     def load_failures(self) -> Mapping[str, str]:
         """Per job id, its latest task failure: "task 3 failed: <reason>"."""
 
+    def load_task_reasons(self) -> Mapping[str, str]:
+        """Per task id, why its latest failure failed (tasks with one only)."""
+
     def load_retried(self) -> Mapping[str, int]:
         """Per task id, how many of its failures were run again (tasks with none left out)."""
 
@@ -63,6 +66,7 @@ class MemoryStore:
         self.states: dict[str, list[TaskState]] = {}
         self.submissions: dict[str, str] = {}
         self.failures: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
         self.retried: dict[str, int] = {}
         self.retry_at: dict[str, float] = {}
         self.calls: dict[str, int] = {"add_jobs": 0, "set_task_states": 0}
@@ -106,9 +110,13 @@ class MemoryStore:
         for tid, why in (reasons or {}).items():
             job_id, index = split_task_id(tid)
             self.failures[job_id] = failure_line(index, TaskState.FAILED, why)
+            self.reasons[tid] = why
 
     def load_failures(self) -> dict[str, str]:
         return dict(self.failures)
+
+    def load_task_reasons(self) -> dict[str, str]:
+        return dict(self.reasons)
 
     def load_retried(self) -> dict[str, int]:
         return dict(self.retried)

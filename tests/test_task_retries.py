@@ -173,11 +173,13 @@ def test_the_retries_used_outlive_a_restart(tmp_path: Path) -> None:
     try:
         (snap,) = again.jobs(["r"], placements=False)
         assert snap is not None and snap.retries == (2,)
+        assert snap.reasons == ("exit code 1",)  # read back from the store
         _bound(again, "r")
         again.finished(["r/0"], TaskState.FAILED, {"r/0": "exit code 1"})
         assert _states(again, "r") == (JobState.FAILED, [TaskState.FAILED])
         (snap,) = again.jobs(["r"], placements=False)
         assert snap is not None and snap.retries == (2,)  # kept once the job has ended
+        assert snap.reasons == ("exit code 1",)
     finally:
         again.close()
 
@@ -221,6 +223,9 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         # counts a service's restarts by its agent, and stays 0 here).
         assert [(t.retries, t.restarts) for t in client.get("broken").tasks] == [(2, 0)]
         assert [t.retries for t in client.get("flaky").tasks] == [1]
+        # And why each task's latest failure failed, as sacct's ExitCode and Reason tell.
+        assert [t.reason for t in client.get("broken").tasks] == ["exit code 4 (on n1)"]
+        assert [t.reason for t in client.get("flaky").tasks] == ["exit code 3 (on n1)"]
 
 
 def test_a_gang_member_failing_for_good_stops_its_mate_on_the_agent(tmp_path: Path) -> None:

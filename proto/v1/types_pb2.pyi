@@ -234,7 +234,7 @@ class GpuAssignment(_message.Message):
     def __init__(self, index: _Optional[int] = ..., milli: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "index", "role", "state", "node", "gpus", "restarts", "last_restart_reason", "last_restart_time", "retries")
+    __slots__ = ("id", "index", "role", "state", "node", "gpus", "restarts", "last_restart_reason", "last_restart_time", "retries", "reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,7 @@ class Task(_message.Message):
     LAST_RESTART_REASON_FIELD_NUMBER: _ClassVar[int]
     LAST_RESTART_TIME_FIELD_NUMBER: _ClassVar[int]
     RETRIES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     index: int
     role: str
@@ -255,7 +256,8 @@ class Task(_message.Message):
     last_restart_reason: str
     last_restart_time: float
     retries: int
-    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., restarts: _Optional[int] = ..., last_restart_reason: _Optional[str] = ..., last_restart_time: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuAssignment, _Mapping]]] = ..., restarts: _Optional[int] = ..., last_restart_reason: _Optional[str] = ..., last_restart_time: _Optional[float] = ..., retries: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "spec", "state", "tasks", "task_counts", "submit_time")
