@@ -34,7 +34,7 @@ from gosched.common.codec import decode, decode_job, encode, encode_many
 from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id
 from gosched.common.node import Node
-from gosched.common.states import HOLDS_RESOURCES, LEGAL, JobState, TaskState
+from gosched.common.states import HOLDS_RESOURCES, LEGAL, TERMINAL, JobState, TaskState
 
 SCHEMA_VERSION = 6
 # One row per task, replaced by each report: the agent's count is its run's total so far.
@@ -505,19 +505,32 @@ class Store:
         with self._tx() as c:
             c.execute("UPDATE jobs SET state = ? WHERE id = ?", (state.value, job_id))
 
-    def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
-        """Every job (in the order stored) with its tasks (idx, state, node, gpus), by index."""
+    def load_jobs(self, keep_finished: int | None = None) -> list[tuple[Job, list[TaskRow]]]:
+        """Every job (in the order stored) with its tasks (idx, state, node, gpus), by index.
+
+        `keep_finished`: of the jobs whose every task has ended, only the newest this many (the
+        rest stay stored, unread: a restart after months of jobs does not decode them all, as
+        slurmctld keeps finished jobs for MinJobAge only and sacct reads the history)."""
         with self._lock:
             c = self._conn
-            jobs = [
-                (str(jid), decode_job(spec))
-                for jid, spec in c.execute("SELECT id, spec FROM jobs ORDER BY rowid")
-            ]
             tasks: dict[str, list[TaskRow]] = {}
             for jid, idx, state, node, gpus in c.execute(
                 "SELECT job_id, idx, state, node, gpus FROM tasks ORDER BY job_id, idx"
             ):
                 tasks.setdefault(jid, []).append((int(idx), TaskState(state), node, gpus_from_text(gpus)))
+            skip: set[str] = set()
+            if keep_finished is not None:
+                finished = [
+                    str(jid)
+                    for (jid,) in c.execute("SELECT id FROM jobs ORDER BY rowid")
+                    if (rows := tasks.get(jid)) and all(row[1] in TERMINAL for row in rows)
+                ]
+                skip = set(finished[: max(0, len(finished) - keep_finished)])
+            jobs = [
+                (str(jid), decode_job(spec))
+                for jid, spec in c.execute("SELECT id, spec FROM jobs ORDER BY rowid")
+                if jid not in skip
+            ]
         return [(job, tasks.get(jid, [])) for jid, job in jobs]
 
     def task_state(self, tid: str) -> TaskState | None:

@@ -1685,7 +1685,8 @@ class Dispatcher:
         # The failure marks are settled first (load_retried writes): the jobs read next then agree
         # with the counts, should a binder still running move a task on meanwhile.
         retried = self.store.load_retried()
-        loaded = self.store.load_jobs()
+        # Finished jobs past the retention are left in the store unread, as _retain would drop them.
+        loaded = self.store.load_jobs(keep_finished=self.finished_retention)
         failures = self.store.load_failures()  # what explain said of a task failure, before
         task_reasons = self.store.load_task_reasons()
         now = self.clock()

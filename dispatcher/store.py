@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from gosched.common.errors import AlreadyStored
 from gosched.common.job import Job, split_task_id
-from gosched.common.states import TaskState
+from gosched.common.states import TERMINAL, TaskState
 from gosched.dispatcher.records import failure_line
 
 # (task index, state, node name or None, GPU assignment)
@@ -42,8 +42,9 @@ class JobStore(Protocol):
         to be run again, before the binder takes their tasks off their nodes, and `settled` drops
         the marks of those it did not (see gosched.common.store.Store.set_task_states)."""
 
-    def load_jobs(self) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
-        """Every stored job with its tasks, in submission order."""
+    def load_jobs(self, keep_finished: int | None = None) -> Sequence[tuple[Job, Sequence[TaskRow]]]:
+        """Every stored job with its tasks, in submission order; of those whose every task has
+        ended, only the newest `keep_finished` (None: all)."""
 
     def load_failures(self) -> Mapping[str, str]:
         """Per job id, its latest task failure: "task 3 failed: <reason>"."""
@@ -124,7 +125,10 @@ class MemoryStore:
     def load_retry_at(self, after: float) -> dict[str, float]:
         return {jid: at for jid, at in self.retry_at.items() if at > after}
 
-    def load_jobs(self) -> list[tuple[Job, list[TaskRow]]]:
-        return [
-            (job, [(i, s, None, ()) for i, s in enumerate(self.states[job.id])]) for job in self.jobs.values()
-        ]
+    def load_jobs(self, keep_finished: int | None = None) -> list[tuple[Job, list[TaskRow]]]:
+        jobs = list(self.jobs.values())
+        if keep_finished is not None:
+            finished = [job.id for job in jobs if all(s in TERMINAL for s in self.states[job.id])]
+            skip = set(finished[: max(0, len(finished) - keep_finished)])
+            jobs = [job for job in jobs if job.id not in skip]
+        return [(job, [(i, s, None, ()) for i, s in enumerate(self.states[job.id])]) for job in jobs]

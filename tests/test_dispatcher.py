@@ -1,6 +1,7 @@
 """Dispatcher: units, replies, unschedulable backoff, evictions, cancel, shards, restart."""
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -1051,3 +1052,28 @@ def test_a_batch_reusing_an_id_known_to_the_store_only_names_its_place(kind: str
     with pytest.raises(SpecError) as err:
         d2.submit(make_job("old").cpu("1").build())
     assert err.value.field == "id"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_a_restart_reads_only_the_newest_finished_jobs_the_retention_keeps(kind, tmp_path):
+    """Finished jobs past the retention stay stored and unread at a restart, as they left memory
+    before it: an old one's id and submission id are still taken (the store says so), and every
+    job not finished comes back."""
+    from gosched.common.store import Store
+
+    store = MemoryStore() if kind == "memory" else Store(str(tmp_path / "gosched.db"))
+    d = Dispatcher(settings(), store=store, finished_retention=2)
+    d.submit_many([replace(make_job(f"j{i}").cpu("1").build(), submission_id=f"s{i}") for i in range(5)])
+    d.on_reply(accept(units(d.next_batches())))
+    ran = [f"j{i}/0" for i in range(5)]
+    store.set_task_states([(t, TaskState.BOUND) for t in ran])  # as the binder stores them
+    for tid in ran[:4]:
+        d.on_released([tid], TaskState.SUCCEEDED)
+    store.set_task_states([(t, TaskState.SUCCEEDED) for t in ran[:4]])
+    again = Dispatcher(settings(), store=store, finished_retention=2)
+    assert again.restore() == 3  # j2 and j3 (the newest finished), and j4 (running)
+    assert [j for j in ("j0", "j1", "j2", "j3", "j4") if j in again] == ["j2", "j3", "j4"]
+    assert again.job_state("j4") is JobState.RUNNING
+    with pytest.raises(SpecError, match="already exists"):
+        again.submit(make_job("j0").cpu("1").build())
+    assert again.submit(replace(make_job("j0").cpu("1").build(), submission_id="s0")) == "j0"  # a retry
