@@ -1127,6 +1127,8 @@ class Dispatcher:
                     if why:
                         told[tid] = why
                     freed = self._release_unqueued(job_id, index, final_state, why) or freed
+                    if final_state is FAILED:
+                        failed_gangs[job_id] = index  # judged once the call's other ends are in
                 continue
             current = rec.states[index]
             if current is final_state:
@@ -1164,6 +1166,8 @@ class Dispatcher:
             rec = self._jobs.get(job_id)  # gone: every task ended
             if rec is not None and not rec.cancelled and gang_failed(rec.states, rec.job.min_member):
                 freed = self._abort_gang(rec, index, updates) or freed
+            elif rec is None and job_id in self._unqueued:
+                freed = self._abort_unqueued_gang(job_id, index) or freed
         if freed:
             self.notify_cluster_changed()
 
@@ -1200,7 +1204,9 @@ class Dispatcher:
                 delay = backoff_delay(base, cap, used + 1)
                 if delay:
                     waits[job_id] = max(waits.get(job_id, rec.retry_at), now + delay)
-            elif rec.job.min_member > 1:
+            elif rec.job.min_member > 1 and rec.states[index] in HOLDS_RESOURCES:
+                # Its retries used up (one no longer holding room was lost or evicted meanwhile:
+                # no failure of its own).
                 final.setdefault(job_id, []).append(index)
         failed = {job_id for job_id, indexes in final.items() if self._fails_with(job_id, indexes)}
         if failed:
@@ -1397,9 +1403,8 @@ class Dispatcher:
                 states[i] = CANCELLED
                 updates.append((task_id(job_id, i), CANCELLED))
         history = "\n".join(filter(None, (kept.note, note)))  # a failure told before stays
-        self._retain(
-            FinishedJob(kept.job, job_state_of(states, kept.job.min_member, True), tuple(states), history)
-        )
+        ended = job_state_of(states, kept.job.min_member, True)  # failed, for a failed gang
+        self._retain(replace(kept, state=ended, states=tuple(states), note=history))
         if self.store is not None and updates:
             self.store.set_task_states(updates)
         if holding:
@@ -1418,15 +1423,26 @@ class Dispatcher:
         states[index] = PENDING if final_state is PREEMPTED else final_state
         state = job_state_of(states, kept.job.min_member, False)
         history = with_failure(kept.note, failure_line(index, final_state, why)) if why else kept.note
+        done = replace(kept, state=state, states=tuple(states), note=history)  # its reasons and retries too
         if all(s in TERMINAL for s in states):
             del self._unqueued[job_id]
-            self._retain(FinishedJob(kept.job, state, tuple(states), history))
+            self._retain(done)
         else:
-            self._unqueued[job_id] = FinishedJob(kept.job, state, tuple(states), history)
-            if final_state is FAILED and gang_failed(states, kept.job.min_member):  # as _abort_gang
-                note = f"stopped: task {index} failed, and the gang cannot reach its min_member"
-                self._aborted[job_id] = self._cancel_unqueued(job_id, note)
+            self._unqueued[job_id] = done
         return True
+
+    def _abort_unqueued_gang(self, job_id: str, index: int) -> bool:
+        """_abort_gang for a job of a queue no longer configured: if its failed tasks leave it
+        below its min_member for good, its other tasks are cancelled, those held handed to the
+        caller. Returns whether any held resources."""
+        kept = self._unqueued[job_id]
+        if not gang_failed(kept.states, kept.job.min_member):
+            return False
+        note = (
+            f"stopped: task {index} failed, and the gang cannot reach its min_member of {kept.job.min_member}"
+        )
+        holding = self._aborted[job_id] = self._cancel_unqueued(job_id, note)
+        return bool(holding)
 
     def requeue_in_flight(self, shard_id: int) -> int:
         """Take back every unit in flight at a shard that is gone; they are queued again at once.
@@ -1707,9 +1723,18 @@ class Dispatcher:
             if job.queue not in self._queue_index and not all(s in TERMINAL for s in states):
                 self.skipped_on_restore.append(job.id)
                 skipped_queues.add(job.queue)
+                used = tuple(retried.get(tid, 0) for tid in job.task_ids()) if job.max_retries else ()
+                why = tuple(task_reasons.get(tid, "") for tid in job.task_ids()) if job.id in failures else ()
                 self._unqueued[job.id] = FinishedJob(
-                    job, job_state_of(states, job.min_member, False), tuple(states), failures.get(job.id, "")
+                    job,
+                    job_state_of(states, job.min_member, False),
+                    tuple(states),
+                    failures.get(job.id, ""),
+                    used if any(used) else (),
+                    why,
                 )
+                if FAILED in states:  # a gang failed before the restart told the dispatcher
+                    self._abort_unqueued_gang(job.id, states.index(FAILED))
                 continue
             if all(s in TERMINAL for s in states):
                 if job.submission_id:

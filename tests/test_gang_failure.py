@@ -10,6 +10,7 @@ import pytest
 
 from gosched.common.config import QueueConfig, Settings
 from gosched.common.job import Job
+from gosched.common.node import Node
 from gosched.common.states import JobState, TaskState
 from gosched.runtime.pipeline import Pipeline
 from tests.builders import make_job, make_node
@@ -173,5 +174,63 @@ def test_a_gang_of_a_queue_no_longer_configured_fails_and_stops_too(tmp_path: Pa
     again.complete(["g/1"], F, {"g/1": "exit code 1"})
     assert again.dispatcher.job_state("g") is JobState.FAILED
     assert again.dispatcher.task_states("g") == [C, F, C]
+    assert not [tid for tid in again.binder.state.task_row if tid.startswith("g/")]
+    again.close()
+
+
+def test_a_task_lost_while_its_failure_was_on_its_way_is_no_final_failure(tmp_path: Path) -> None:
+    """g/3's node went, and g/3's failure arrives late in a report with g/1's final failure and
+    g/0's retriable one: g/3 holds nothing, so it fails nothing. The gang (4, min 3) can still make
+    its minimum, so g/0 runs again; before, g/3 counted as failed and the gang was stopped."""
+    p = _pipeline(tmp_path)
+    job = make_job("g").cpu("2").replicas(4).min_member(3).max_retries(1).build()
+    p.submit(job)
+    p.run_until_idle()
+    p.complete(["g/1"], F, {"g/1": "exit code 1"})  # its one retry
+    p.run_until_idle()
+    row = p.binder.state.task_row["g/3"]
+    node = p.binder.state.nodes[row]
+    assert node is not None
+    p.remove_node(node.name)
+    assert _tasks(p, job) == [B, B, B, TaskState.PENDING]
+    p.complete(["g/3", "g/1", "g/0"], F, {"g/3": "killed", "g/1": "exit code 2", "g/0": "exit code 3"})
+    assert p.dispatcher.job_state("g") is not JobState.FAILED
+    assert _tasks(p, job)[1] is F and _tasks(p, job)[3] is not F
+    assert p.dispatcher.retries_of(job)[0] == 1  # g/0 runs again
+    p.close()
+
+
+def _unqueued(tmp_path: Path, job: Job) -> tuple[Pipeline, list[Node]]:
+    """`job` running in queue old, then the master restarted without that queue."""
+    nodes = [make_node(f"n{i}").cpu("2").mem("8Gi").build() for i in range(4)]
+    db = str(tmp_path / "gs.db")
+    queues = [QueueConfig(name="default"), QueueConfig(name="old")]
+    p = Pipeline(Settings(store_path=db, shards=1, queues=queues), nodes=nodes)
+    p.submit(job)
+    p.run_until_idle()
+    return p, nodes
+
+
+def test_an_unqueued_gangs_failures_in_one_report_all_end_failed_with_their_reasons(tmp_path: Path) -> None:
+    job = make_job("g").cpu("1").replicas(3).min_member(3).queue("old").build()
+    p, nodes = _unqueued(tmp_path, job)
+    p.close()
+    again = Pipeline(Settings(store_path=str(tmp_path / "gs.db"), shards=1), nodes=nodes)
+    again.complete(["g/0", "g/1"], F, {"g/0": "exit code 1", "g/1": "exit code 2"})
+    assert again.dispatcher.task_states("g") == [F, F, C]
+    assert [again.store.task_state(f"g/{i}") for i in range(3)] == [F, F, C]
+    (snap,) = again.dispatcher.snapshots(["g"])
+    assert snap is not None and snap.reasons == ("exit code 1", "exit code 2", "")
+    again.close()
+
+
+def test_an_unqueued_gang_whose_failure_the_binder_stored_first_is_stopped_at_restart(tmp_path: Path) -> None:
+    job = make_job("g").cpu("1").replicas(3).min_member(3).queue("old").build()
+    p, nodes = _unqueued(tmp_path, job)
+    assert p.binder.release(["g/0"], F.value) == ["g/0"]  # then the master dies
+    p.close()
+    again = Pipeline(Settings(store_path=str(tmp_path / "gs.db"), shards=1), nodes=nodes)
+    assert again.dispatcher.job_state("g") is JobState.FAILED
+    assert again.dispatcher.task_states("g") == [F, C, C]
     assert not [tid for tid in again.binder.state.task_row if tid.startswith("g/")]
     again.close()
