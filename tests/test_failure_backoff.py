@@ -11,6 +11,7 @@ import pytest
 from gosched.common.config import QueueConfig, Settings
 from gosched.common.job import task_id
 from gosched.common.messages import BUSY_REASON_PREFIX, Diagnosis, Unit, Unschedulable
+from gosched.common.node import Node
 from gosched.common.states import TaskState
 from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.dispatcher.records import DORMANT, IDLE, INFLIGHT, PARKED, QUEUED, Where
@@ -243,18 +244,24 @@ def test_a_restart_between_the_binders_write_and_on_retried_still_waits_the_back
     restarted.close()
 
 
+def _running_with_retries(tmp_path: Path, retries: int) -> tuple[Pipeline, Settings, list[Node]]:
+    """Job j (one task, `retries` retries, no backoff) running on one node, on real SQLite."""
+    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, failure_backoff_s=0.0)
+    nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
+    p = Pipeline(settings, nodes=nodes)
+    p.submit(make_job("j").cpu("1").max_retries(retries).build())
+    p.run_until_idle()
+    return p, settings, nodes
+
+
 @pytest.mark.parametrize("dies", ["after lose", "after begin_retries"])
 def test_a_restart_in_a_retry_counts_the_failure_once(dies: str, tmp_path: Path) -> None:
     """max_retries 1: the first failure's retry is cut by the master dying after the binder's
     write (the task stored pending, on_retried's count never written) or before it (the task
     still bound). The restarted master counts that failure if the task left its node, and not
     otherwise, so the next failure ends the job, or runs it its one time again."""
-    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, failure_backoff_s=0.0)
-    nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
+    p, settings, nodes = _running_with_retries(tmp_path, 1)
     tid = task_id("j", 0)
-    p = Pipeline(settings, nodes=nodes)
-    p.submit(make_job("j").cpu("1").max_retries(1).build())
-    p.run_until_idle()
     again = p.dispatcher.begin_retries([tid])
     if dies == "after lose":
         assert p.binder.lose(again) == [tid]
@@ -276,12 +283,8 @@ def test_a_restart_in_a_retry_counts_the_failure_once(dies: str, tmp_path: Path)
 def test_on_retried_after_a_restart_that_counted_the_failure_does_not_count_it_again(tmp_path: Path) -> None:
     """The dispatcher restarted (restoring the failure as counted) between the binder's write and
     on_retried, which then reaches the new dispatcher: the failure counts once."""
-    settings = Settings(store_path=str(tmp_path / "gs.db"), shards=1, failure_backoff_s=0.0)
-    nodes = [make_node("n0").cpu("4").mem("16Gi").build()]
+    p, settings, _ = _running_with_retries(tmp_path, 3)
     tid = task_id("j", 0)
-    p = Pipeline(settings, nodes=nodes)
-    p.submit(make_job("j").cpu("1").max_retries(3).build())
-    p.run_until_idle()
     again = p.dispatcher.begin_retries([tid])
     gone = p.binder.lose(again)
     fresh = Dispatcher(settings, store=p.store)  # the restarted dispatcher, on the same store

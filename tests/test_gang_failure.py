@@ -13,7 +13,7 @@ from gosched.common.job import Job
 from gosched.common.node import Node
 from gosched.common.states import JobState, TaskState
 from gosched.runtime.pipeline import Pipeline
-from tests.builders import make_job, make_node
+from tests.builders import JobBuilder, make_job, make_node
 
 F, C, B, S = TaskState.FAILED, TaskState.CANCELLED, TaskState.BOUND, TaskState.SUCCEEDED
 
@@ -100,16 +100,22 @@ def test_tasks_failing_in_one_report_all_end_failed_and_only_the_rest_are_stoppe
     p.close()
 
 
+def _gang_with_task_1_retried(tmp_path: Path, gang: JobBuilder) -> tuple[Pipeline, Job]:
+    """The gang (max_retries 1) running, after g/1 failed once and ran again: its retry is used."""
+    p = _pipeline(tmp_path)
+    job = gang.max_retries(1).build()
+    p.submit(job)
+    p.run_until_idle()
+    p.complete(["g/1"], F, {"g/1": "exit code 1"})
+    p.run_until_idle()
+    return p, job
+
+
 def test_a_final_failure_reported_with_a_mates_retriable_one_fails_the_gang(tmp_path: Path) -> None:
     """g/1 has used its retry; g/0 and g/1 then fail in one report. g/1's failure is final, so the
     gang has failed: g/0 is not run again, and g/1 is not taken off as g/0's gang mate (which
     lost its failure and ran it a third time, past max_retries)."""
-    p = _pipeline(tmp_path)
-    job = make_job("g").cpu("1").replicas(2).min_member(2).max_retries(1).build()
-    p.submit(job)
-    p.run_until_idle()
-    p.complete(["g/1"], F, {"g/1": "exit code 1"})  # its one retry
-    p.run_until_idle()
+    p, job = _gang_with_task_1_retried(tmp_path, make_job("g").cpu("1").replicas(2).min_member(2))
     assert _tasks(p, job) == [B, B]
     p.complete(["g/0", "g/1"], F, {"g/0": "exit code 2", "g/1": "exit code 3"})
     p.run_until_idle()
@@ -182,12 +188,7 @@ def test_a_task_lost_while_its_failure_was_on_its_way_is_no_final_failure(tmp_pa
     """g/3's node went, and g/3's failure arrives late in a report with g/1's final failure and
     g/0's retriable one: g/3 holds nothing, so it fails nothing. The gang (4, min 3) can still make
     its minimum, so g/0 runs again; before, g/3 counted as failed and the gang was stopped."""
-    p = _pipeline(tmp_path)
-    job = make_job("g").cpu("2").replicas(4).min_member(3).max_retries(1).build()
-    p.submit(job)
-    p.run_until_idle()
-    p.complete(["g/1"], F, {"g/1": "exit code 1"})  # its one retry
-    p.run_until_idle()
+    p, job = _gang_with_task_1_retried(tmp_path, make_job("g").cpu("2").replicas(4).min_member(3))
     row = p.binder.state.task_row["g/3"]
     node = p.binder.state.nodes[row]
     assert node is not None
