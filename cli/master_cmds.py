@@ -22,9 +22,10 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from gosched.cli.config_errors import SettingsSources
 from gosched.cli.exits import ExitCode
 from gosched.cli.flags import check_count, check_seconds, refuse
-from gosched.common.config import Settings, SettingsSources, load_settings
+from gosched.common.config import Settings, load_settings
 from gosched.common.secret_files import SecretFileError
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", "-c", help="YAML config file.")]
