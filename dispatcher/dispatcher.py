@@ -200,6 +200,10 @@ class Dispatcher:
         self._aborted: dict[str, list[str]] = {}
         # Per task of an active job that failed, why its latest failure failed (its agent's words).
         self._reasons: dict[str, str] = {}
+        # Per job, (task index, attempt) of tasks the binder released (node lost, evicted) while
+        # their unit's verdict was still on its way: bound, then gone. That late verdict binds
+        # none of them, which are pending again (on_verdicts). Dropped when the job ends.
+        self._gone_in_flight: dict[str, set[tuple[int, int]]] = {}
 
     # -- submission ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> str:
@@ -893,7 +897,7 @@ class Dispatcher:
         queue: str | None = None
         tenant = ""
         cpu_sum = mem_sum = gpu_sum = 0
-        for job_id, _, indexes, bind_time, _ in reply.accepted:
+        for job_id, attempt, indexes, bind_time, _ in reply.accepted:
             rec = jobs.get(job_id)
             if rec is None:
                 orphans.extend(task_id(job_id, i) for i in indexes)
@@ -962,8 +966,12 @@ class Dispatcher:
                     rec.diagnosis = None
                 continue
             changes: list[tuple[int, TaskState]] = []
+            gone = self._gone_in_flight.get(job_id) if self._gone_in_flight else None
             for i in indexes:
                 st = states[i]
+                if gone is not None and (i, attempt) in gone:
+                    gone.discard((i, attempt))  # released since this bind: pending, not bound
+                    continue
                 if st is SCHEDULED or st is PENDING:
                     changes.append((i, BOUND))
                 elif st not in HOLDS_RESOURCES:
@@ -1139,6 +1147,8 @@ class Dispatcher:
                     continue
                 then = CANCELLED if rec.cancelled else PENDING
                 steps = [(index, PREEMPTED), (index, then)] if final_state is PREEMPTED else [(index, then)]
+                if current is SCHEDULED:  # bound at the binder, the verdict not here yet: then gone
+                    self._gone_in_flight.setdefault(job_id, set()).add((index, rec.attempt))
                 if tid not in again:
                     rec.disruption = f"task {index} " + (
                         "evicted" if final_state is PREEMPTED else "lost its node"
@@ -1555,6 +1565,8 @@ class Dispatcher:
             return
         del self._jobs[rec.job_id]
         self._reservations.forget(rec.job_id)
+        if self._gone_in_flight:
+            self._gone_in_flight.pop(rec.job_id, None)
         self._deadlines.late.discard(rec.job_id)
         retries = self.retries_of(rec.job)
         if rec.job.max_retries and self._retried:

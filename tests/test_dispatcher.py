@@ -1077,3 +1077,28 @@ def test_a_restart_reads_only_the_newest_finished_jobs_the_retention_keeps(kind,
     with pytest.raises(SpecError, match="already exists"):
         again.submit(make_job("j0").cpu("1").build())
     assert again.submit(replace(make_job("j0").cpu("1").build(), submission_id="s0")) == "j0"  # a retry
+
+
+def test_a_late_verdict_binds_no_task_the_binder_released_since():
+    """The binder bound j/0 and then lost its node; the release reaches the dispatcher before the
+    bind's verdict (the binder sends verdicts once durable, the control plane the release). The
+    late verdict must not mark j/0 bound: the binder no longer holds it, and it would never run
+    again. Seen once on Ray as a job read bound on no node."""
+    d = Dispatcher(settings())
+    d.submit(make_job("j").cpu("1").build())
+    batch = d.next_batches()
+    d.on_released(["j/0"], TaskState.PENDING)  # the node lost, after the bind
+    d.on_reply(accept(units(batch)))  # the bind's verdict, late
+    assert d.task_states("j") == [TaskState.PENDING]
+    assert job_ids(d.next_batches()) == ["j"]  # queued again
+
+
+def test_a_verdict_for_a_unit_taken_back_still_binds_it():
+    """A unit taken back from a lost shard (requeue_in_flight) whose commit still reached the binder
+    is bound: the binder holds it (nothing released it)."""
+    d = Dispatcher(settings())
+    d.submit(make_job("j").cpu("1").build())
+    batch = d.next_batches()
+    assert d.requeue_in_flight(batch[0].shard_id) == 1
+    d.on_reply(accept(units(batch)))
+    assert d.task_states("j") == [TaskState.BOUND]
