@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from operator import attrgetter, is_
-from typing import Any
+from typing import Any, TypeVar
 
 from gosched.common.aging import standing_from
 from gosched.common.config import QueuePolicy, Settings
@@ -1735,16 +1735,10 @@ class Dispatcher:
             if job.queue not in self._queue_index and not all(s in TERMINAL for s in states):
                 self.skipped_on_restore.append(job.id)
                 skipped_queues.add(job.queue)
-                used = tuple(retried.get(tid, 0) for tid in job.task_ids()) if job.max_retries else ()
-                why = tuple(task_reasons.get(tid, "") for tid in job.task_ids()) if job.id in failures else ()
-                self._unqueued[job.id] = FinishedJob(
-                    job,
-                    job_state_of(states, job.min_member, False),
-                    tuple(states),
-                    failures.get(job.id, ""),
-                    used if any(used) else (),
-                    why,
-                )
+                used = _per_task(job, retried, 0) if job.max_retries else ()
+                why = _per_task(job, task_reasons, "") if job.id in failures else ()
+                so_far, note = job_state_of(states, job.min_member, False), failures.get(job.id, "")
+                self._unqueued[job.id] = FinishedJob(job, so_far, tuple(states), note, used, why)
                 if FAILED in states:  # a gang failed before the restart told the dispatcher
                     self._abort_unqueued_gang(job.id, states.index(FAILED))
                 continue
@@ -1753,9 +1747,8 @@ class Dispatcher:
                     self._submissions[job.submission_id] = job.id
                 cancelled = CANCELLED in states
                 ended = job_state_of(states, job.min_member, cancelled)
-                used = tuple(retried.get(tid, 0) for tid in job.task_ids()) if job.max_retries else ()
-                used = used if any(used) else ()
-                why = tuple(task_reasons.get(tid, "") for tid in job.task_ids()) if job.id in failures else ()
+                used = _per_task(job, retried, 0) if job.max_retries else ()
+                why = _per_task(job, task_reasons, "") if job.id in failures else ()
                 self._retain(FinishedJob(job, ended, tuple(states), failures.get(job.id, ""), used, why))
                 restored += 1
                 continue
@@ -1869,18 +1862,11 @@ class Dispatcher:
 
     def reasons_of(self, job: Job) -> tuple[str, ...]:
         """Per task of a job not finished, why its latest failure failed ("" none); () for none."""
-        if not self._reasons:
-            return ()
-        found = tuple(self._reasons.get(tid, "") for tid in job.task_ids())
-        return found if any(found) else ()
+        return _per_task(job, self._reasons, "")
 
     def retries_of(self, job: Job) -> tuple[int, ...]:
         """Per task of a job not finished, its failures run again so far; () for none."""
-        if not job.max_retries or not self._retried:
-            return ()
-        retried = self._retried
-        counts = tuple(retried.get(tid, 0) for tid in job.task_ids())
-        return counts if any(counts) else ()
+        return _per_task(job, self._retried, 0) if job.max_retries else ()
 
     def pending_task_count(self) -> int:
         """Tasks waiting to be placed, over every active job."""
@@ -2016,6 +2002,18 @@ def _refused_in_part(attempt: int, refusals: Sequence[RejectedUnit]) -> str:
         f"task(s) {', '.join(map(str, r.task_indexes))} ({r.stage}): {r.reason}" for r in refusals
     )
     return f"attempt {attempt} rejected in part by the binder, retried at once: {said}"
+
+
+V = TypeVar("V")
+
+
+def _per_task(job: Job, values: Mapping[str, V], default: V) -> tuple[V, ...]:
+    """`values` (by task id) for each of the job's tasks, `default` for those without; () when
+    none has one (the snapshots' and finished records' "nothing to tell")."""
+    if not values:
+        return ()
+    found = tuple(values.get(tid, default) for tid in job.task_ids())
+    return found if any(found) else ()
 
 
 def backoff_delay(base: float, cap: float, failures: int) -> float:
