@@ -338,8 +338,9 @@ def node_to_proto(node: Node) -> pb.Node:
     )
 
 
-def node_from_proto(msg: pb.Node) -> Node:
-    """Validate a Node message (e.g. an agent's registration) into a Node; SpecError if invalid."""
+def node_from_proto(msg: pb.Node, *, new: bool = True) -> Node:
+    """Validate a Node message (e.g. an agent's registration) into a Node; SpecError if invalid.
+    `new=False` for a node the master already holds (see node_from_spec)."""
     spec: dict[str, Any] = {"name": msg.name, "cpu": f"{msg.cpu_milli}m", "memory": msg.memory}
     if msg.gpus:
         spec["gpus"] = [gpu_spec(g) for g in msg.gpus]
@@ -354,7 +355,7 @@ def node_from_proto(msg: pb.Node) -> Node:
     state = node_state_from_proto(msg.state)
     if state is not None:
         spec["state"] = state.value
-    return node_from_spec(spec)
+    return node_from_spec(spec, new=new)
 
 
 # == read-side views (what the Client returns) =======================================================
@@ -458,7 +459,7 @@ def job_info_from_proto(msg: pb.Job) -> JobInfo:
 
 def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
     return NodeInfo(
-        node=node_from_proto(msg.node),
+        node=node_from_proto(msg.node, new=False),
         cpu_used_milli=msg.cpu_used_milli,
         memory_used=msg.memory_used,
         gpu_used_milli=tuple(msg.gpu_used_milli),

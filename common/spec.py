@@ -174,8 +174,9 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 # Resources a node has built in, which a task asks for with its own fields, by the names an
 # `extended` entry might give them (compared in lowercase), each with that field: no node advertises
-# an extended resource of such a name (the agent refuses it, cli/agent_cmd.py), so a task asking for
-# one would pend forever. `nvidia.com/gpu` is the Kubernetes device plugin's name for GPUs.
+# an extended resource of such a name (the agent refuses it, cli/agent_cmd.py, and so does a node's
+# registration, node_from_spec), so a task asking for one would pend forever. `nvidia.com/gpu` is
+# the Kubernetes device plugin's name for GPUs.
 BUILTIN_RESOURCES = {
     "cpu": "cpu",
     "cpus": "cpu",
@@ -538,6 +539,13 @@ def _refuse_builtin(extended: tuple[tuple[str, int], ...], path: str) -> None:
     for name, _ in extended:
         if problem := builtin_resource_problem(name):
             _fail(_entry(path, name), problem)
+
+
+def _refuse_builtin_on_node(extended: tuple[tuple[str, int], ...]) -> None:
+    for name, _ in extended:
+        if (field := BUILTIN_RESOURCES.get(name.lower())) is not None:
+            reason = f"{name} is a built-in resource, not an extended one: a node gives it as {field}"
+            _fail(_entry("extended", name), reason)
 
 
 # == task groups =================================================================================
@@ -1231,9 +1239,15 @@ def _positive(amount: int, path: str) -> int:
     return amount
 
 
-def node_from_spec(spec: Mapping[str, Any]) -> Node:
-    """Validate an external node spec (see the module docstring) and build the Node; SpecError if invalid."""
+def node_from_spec(spec: Mapping[str, Any], *, new: bool = True) -> Node:
+    """Validate an external node spec (see the module docstring) and build the Node; SpecError if invalid.
+    A `new` node (one registering) may not name a built-in resource under `extended`: the master
+    would read it beside the node's own CPUs, memory or GPUs and no task could ask for it. `new=False`
+    reads back a node the master already holds (a client's view), which may predate that rule."""
     root = _mapping(spec, "", _NODE_KEYS)
+    extended = _extended(root.get("extended", {}), "extended")
+    if new:
+        _refuse_builtin_on_node(extended)
     cpu = _required(root, "cpu", "", 'the node\'s cores, e.g. 64 or "63500m"')
     memory = _required(root, "memory", "", "the node's memory, e.g. 512Gi")
     return Node(
@@ -1243,7 +1257,7 @@ def node_from_spec(spec: Mapping[str, Any]) -> Node:
         gpus=_node_gpus(root.get("gpus", []), "gpus"),
         labels=_labels(root.get("labels", {}), "labels"),
         taints=_taints(root.get("taints", []), "taints"),
-        extended=_extended(root.get("extended", {}), "extended"),
+        extended=extended,
         state=_enum(root.get("state", NodeState.READY.value), "state", NodeState),
     )
 

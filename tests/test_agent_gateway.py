@@ -678,3 +678,19 @@ def test_a_real_agent_reports_a_crash_looping_service(tmp_path: Path) -> None:
         proc.terminate()
         proc.communicate(timeout=15)
         master.stop()
+
+
+def test_a_registration_naming_a_built_in_resource_as_extended_is_refused(master: ServerHandle) -> None:
+    """An agent of another make (or an old one) that advertises `nvidia.com/gpu` as an extended
+    resource beside its GPUs: the master refuses it, naming the field, rather than hold a resource
+    no task can ask for (a job's `extended` refuses the name)."""
+    node = convert.node_to_proto(make_node("odd", 4000, 8 * 2**30, extended={"nvidia.com/gpu": 8}))
+    with grpc.insecure_channel(master.target) as channel:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Register(agent_pb2.RegisterRequest(node=node, agent_version="test"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "extended['nvidia.com/gpu']" in (caught.value.details() or "")
+    assert "built-in resource" in (caught.value.details() or "")
+    with Client(master.target, timeout=10) as client:
+        assert "odd" not in {n.node.name for n in client.nodes()}

@@ -1028,6 +1028,13 @@ BAD_NODE_SPECS: list[tuple[str, Any, str, str]] = [
         "extended['example.com/fpga']",
         "takes no unit",
     ),
+    (
+        "extended-builtin-name",
+        node(extended={"nvidia.com/GPU": 2}),
+        "extended['nvidia.com/GPU']",
+        "nvidia.com/GPU is a built-in resource, not an extended one: a node gives it as gpus",
+    ),
+    ("extended-cpu", node(extended={"cpu": 4}), "extended['cpu']", "a node gives it as cpu"),
     ("state-bad", node(state="up"), "state", "must be one of ready, not_ready, cordoned, draining"),
 ]
 
@@ -1119,3 +1126,11 @@ def test_node_spec_round_trip(n: Node) -> None:
     out = node_to_spec(n)
     assert node_from_spec(out) == n
     assert node_from_spec(json.loads(json.dumps(out))) == n
+
+
+def test_a_held_node_naming_a_built_in_resource_still_reads_back() -> None:
+    """A client reads back what the master holds (new=False), which may predate the rule."""
+    held = node(extended={"gpu": 1})
+    assert node_from_spec(held, new=False).extended == (("gpu", 1),)
+    with pytest.raises(SpecError):
+        node_from_spec(held)
