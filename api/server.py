@@ -46,6 +46,7 @@ from gosched.api.service import (
     SchedulerService,
 )
 from gosched.api.servicers import ClusterServicer, JobServicer
+from gosched.api.store_purge import StorePurger
 from gosched.api.tls import server_credentials
 from gosched.common.config import Settings
 from gosched.common.node import Node
@@ -136,6 +137,7 @@ class ServerHandle:
     _http_thread: threading.Thread | None = None
     _health_thread: threading.Thread | None = None
     _store_lock: IO[str] | None = None  # held until stop(): no second master on the store
+    _purger: StorePurger | None = None  # Settings.finished_job_ttl_s
 
     @property
     def target(self) -> str:
@@ -155,6 +157,8 @@ class ServerHandle:
         for thread in (self._http_thread, self._health_thread):
             if thread is not None:
                 thread.join(5.0)
+        if self._purger is not None:
+            self._purger.stop()
         if self._store_lock is not None:
             self._store_lock.close()  # releases the flock
             self._store_lock = None
@@ -451,6 +455,9 @@ def serve(
                 target=http_server.serve_forever, name="gosched-http", daemon=True
             )
             handle._http_thread.start()
+        if settings.finished_job_ttl_s is not None and str(db) != ":memory:":
+            handle._purger = StorePurger(db_path, settings.finished_job_ttl_s)
+            handle._purger.start()
         announced = threading.Event()
         handle._health_thread = threading.Thread(
             target=_track_health, args=(handle, announced), name="gosched-health", daemon=True

@@ -130,6 +130,22 @@ _INSERT_TASKS_OF_ONE = (
     f"SELECT id || '/0', id, 0, '{TaskState.PENDING.value}', ?1 FROM jobs WHERE rowid > ?2"
 )
 
+# Jobs a purge_finished transaction deletes at most.
+PURGE_BATCH = 1_000
+_TERMINAL_LIST = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
+# The task rows of a job ({0}), by the primary key: tasks has no job_id index (see _SCHEMA), a job's
+# task ids are "job/idx", the key range ["job/", "job0") ("0" follows "/"), and no job id holds a "/".
+_TASKS_OF = "task_id >= {0} || '/' AND task_id < {0} || '0'"
+# A task row that keeps its job from a purge: not ended, being run again, or changed at ? or later.
+_NOT_ENDED_BY = f"(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0 OR updated >= ?)"
+# Per finished job (every task in a terminal state, none marked failing), when its last task
+# changed, newest first, past the first ?1.
+_FINISHED_BY_AGE = (
+    "SELECT job_id, MAX(updated) AS done FROM tasks GROUP BY job_id "
+    f"HAVING SUM(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0) = 0 "
+    "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1"
+)
+
 
 class TasksOfEach(NamedTuple):
     """The task rows of jobs that all have `n` tasks (1: the one shape _job_rows makes), pending,
@@ -754,6 +770,39 @@ class Store:
                     jid for jid, spec in c.execute(q, chunk) if decode_job(spec).disruption_budget is not None
                 )
         return sorted((str(jid), str(tid)) for jid, tid in rows if jid in budgeted)
+
+    # -- purging finished jobs ------------------------------------------------------------------
+    def purge_finished(self, before: float, keep: int, *, batch: int = PURGE_BATCH) -> int:
+        """Delete the jobs that finished (every task ended, none being run again) before `before`
+        (unix time of their last task change), sparing the `keep` that finished last: their jobs,
+        tasks, restart and backoff rows. Returns how many jobs went. As Kubernetes' pod garbage
+        collector and a Job's ttlSecondsAfterFinished: without it the store grows with every job,
+        and a restart reads every task row. The scan reads without holding the write lock; the
+        deletes go `batch` jobs a transaction, so that other writers wait for one batch at most."""
+        with self._lock:
+            rows = self._conn.execute(_FINISHED_BY_AGE, (keep,)).fetchall()
+        doomed = [str(jid) for jid, done in rows if done < before]
+        purged = 0
+        for start in range(0, len(doomed), batch):
+            ids = doomed[start : start + batch]
+            with self._tx() as c:
+                # Still finished (the scan held no lock): a job whose task moved on meanwhile stays.
+                values = ",".join(["(?)"] * len(ids))
+                moved = {
+                    str(jid)
+                    for (jid,) in c.execute(
+                        f"WITH ids(j) AS (VALUES {values}) SELECT j FROM ids WHERE EXISTS "
+                        f"(SELECT 1 FROM tasks WHERE {_TASKS_OF.format('j')} AND {_NOT_ENDED_BY})",
+                        (*ids, before),
+                    )
+                }
+                gone = [(jid,) for jid in ids if jid not in moved]
+                c.executemany(f"DELETE FROM tasks WHERE {_TASKS_OF.format('?1')}", gone)
+                c.executemany("DELETE FROM task_restarts WHERE job_id = ?", gone)
+                c.executemany("DELETE FROM backoffs WHERE job_id = ?", gone)
+                c.executemany("DELETE FROM jobs WHERE id = ?", gone)
+            purged += len(gone)
+        return purged
 
     # -- restarts reported by node agents ----------------------------------------------------------
     def save_restarts(self, rows: Sequence[RestartRow], *, now: float | None = None) -> None:

@@ -115,6 +115,9 @@ Updates = list[tuple[str, TaskState]]
 # when its backoff ends whether or not anything changed (a Unschedulable marked settling, or one a
 # shard took while the binder was refusing some of its placements).
 UNTRUSTED = -1
+# Finished jobs kept queryable (in memory, and read back at a restart): the store purges older
+# ones only past these (api/store_purge.py).
+FINISHED_RETENTION = 100_000
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ class Dispatcher:
         *,
         store: JobStore | None = None,
         clock: Callable[[], float] = time.time,
-        finished_retention: int = 100_000,
+        finished_retention: int = FINISHED_RETENTION,
     ) -> None:
         self.settings = settings
         self.store = store

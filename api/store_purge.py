@@ -1,0 +1,70 @@
+"""The master's purge of old finished jobs from the store (Settings.finished_job_ttl_s).
+
+A thread of its own, on a connection of its own: the scan of the task rows takes no lock another
+writer waits on, and the deletes go in small transactions (Store.purge_finished), so neither the
+scheduler nor the binder stalls behind it. The jobs it deletes are past the newest
+FINISHED_RETENTION finished, so none that the API still shows goes."""
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+from gosched.common.store import Store
+from gosched.dispatcher.dispatcher import FINISHED_RETENTION
+
+log = logging.getLogger(__name__)
+
+# The first purge waits this long after the start (the restore reads the store first), then they
+# come every PURGE_EVERY_S.
+FIRST_PURGE_AFTER_S = 60.0
+PURGE_EVERY_S = 3_600.0
+
+
+class StorePurger:
+    """Purges the store at `store_path` of jobs finished more than `ttl_s` ago, every `every_s`."""
+
+    def __init__(
+        self,
+        store_path: str,
+        ttl_s: float,
+        *,
+        keep: int = FINISHED_RETENTION,
+        first_after_s: float = FIRST_PURGE_AFTER_S,
+        every_s: float = PURGE_EVERY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store_path, self.ttl_s, self.keep = store_path, ttl_s, keep
+        self.first_after_s, self.every_s, self.clock = first_after_s, every_s, clock
+        self.purged = 0  # jobs deleted since the start
+        self.rounds = 0  # purges run (each may delete none)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gosched-store-purge", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10.0)
+
+    def purge_once(self) -> int:
+        """One purge; the jobs it deleted."""
+        with Store(self.store_path) as store:
+            n = store.purge_finished(before=self.clock() - self.ttl_s, keep=self.keep)
+        self.purged += n
+        self.rounds += 1
+        if n:
+            log.info("purged %d job(s) finished more than %.0f s ago from the store", n, self.ttl_s)
+        return n
+
+    def _run(self) -> None:
+        wait = self.first_after_s
+        while not self._stop.wait(wait):
+            wait = self.every_s
+            try:
+                self.purge_once()
+            except sqlite3.Error as exc:  # the next round tries again; the jobs stay meanwhile
+                log.warning("purging finished jobs from the store failed, tried again later: %s", exc)
