@@ -130,20 +130,21 @@ _INSERT_TASKS_OF_ONE = (
     f"SELECT id || '/0', id, 0, '{TaskState.PENDING.value}', ?1 FROM jobs WHERE rowid > ?2"
 )
 
-# Jobs a purge_finished transaction deletes at most.
+# Jobs a purge_finished transaction deletes at most, and a scan of it finds at most.
 PURGE_BATCH = 1_000
+PURGE_SCAN_MOST = 100_000
 _TERMINAL_LIST = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
 # The task rows of a job ({0}), by the primary key: tasks has no job_id index (see _SCHEMA), a job's
 # task ids are "job/idx", the key range ["job/", "job0") ("0" follows "/"), and no job id holds a "/".
 _TASKS_OF = "task_id >= {0} || '/' AND task_id < {0} || '0'"
 # A task row that keeps its job from a purge: not ended, being run again, or changed at ? or later.
 _NOT_ENDED_BY = f"(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0 OR updated >= ?)"
-# Per finished job (every task in a terminal state, none marked failing), when its last task
-# changed, newest first, past the first ?1.
-_FINISHED_BY_AGE = (
-    "SELECT job_id, MAX(updated) AS done FROM tasks GROUP BY job_id "
+# Of the finished jobs (every task in a terminal state, none marked failing) past the ?1 that
+# finished last, the first ?3 whose last task change came before ?2.
+_FINISHED_BEFORE = (
+    "SELECT job_id FROM (SELECT job_id, MAX(updated) AS done FROM tasks GROUP BY job_id "
     f"HAVING SUM(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0) = 0 "
-    "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1"
+    "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1) WHERE done < ?2 LIMIT ?3"
 )
 
 
@@ -772,16 +773,26 @@ class Store:
         return sorted((str(jid), str(tid)) for jid, tid in rows if jid in budgeted)
 
     # -- purging finished jobs ------------------------------------------------------------------
-    def purge_finished(self, before: float, keep: int, *, batch: int = PURGE_BATCH) -> int:
+    def purge_finished(
+        self, before: float, keep: int, *, batch: int = PURGE_BATCH, most: int = PURGE_SCAN_MOST
+    ) -> int:
         """Delete the jobs that finished (every task ended, none being run again) before `before`
         (unix time of their last task change), sparing the `keep` that finished last: their jobs,
         tasks, restart and backoff rows. Returns how many jobs went. As Kubernetes' pod garbage
         collector and a Job's ttlSecondsAfterFinished: without it the store grows with every job,
         and a restart reads every task row. The scan reads without holding the write lock; the
-        deletes go `batch` jobs a transaction, so that other writers wait for one batch at most."""
-        with self._lock:
-            rows = self._conn.execute(_FINISHED_BY_AGE, (keep,)).fetchall()
-        doomed = [str(jid) for jid, done in rows if done < before]
+        deletes go `batch` jobs a transaction, so that other writers wait for one batch at most.
+        A scan takes `most` jobs at most (the memory it holds), and scans again while it finds as many."""
+        purged = 0
+        while True:
+            with self._lock:
+                rows = self._conn.execute(_FINISHED_BEFORE, (keep, before, most)).fetchall()
+            doomed = [str(jid) for (jid,) in rows]
+            purged += self._purge_jobs(doomed, before, batch)
+            if len(doomed) < most:
+                return purged
+
+    def _purge_jobs(self, doomed: list[str], before: float, batch: int) -> int:
         purged = 0
         for start in range(0, len(doomed), batch):
             ids = doomed[start : start + batch]

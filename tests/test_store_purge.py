@@ -54,13 +54,19 @@ def test_old_finished_jobs_go_with_every_row_and_the_rest_stay(tmp_path: Path) -
         assert {j.id for j, _ in s.load_jobs()} == set(ids) - {"a", "recent", "newest"}
 
 
-def test_a_purge_deletes_in_batches_and_counts_every_job(tmp_path: Path) -> None:
+def test_a_purge_deletes_in_batches_scans_again_and_counts_every_job(tmp_path: Path) -> None:
     with Store(tmp_path / "gs.db") as s:
         s.add_jobs([make_job(f"j{i}").cpu("1").build() for i in range(7)], now=T0)
         s.set_task_states([(f"j{i}/0", TaskState.CANCELLED) for i in range(7)], now=T0)
         assert s.purge_finished(before=T0 + 1, keep=2, batch=2) == 5
         assert len(s.load_jobs()) == 2
         assert s.purge_finished(before=T0 + 1, keep=2, batch=2) == 0
+        # scans of 2 jobs at most, again while one finds 2: all 7 of another store's
+    with Store(tmp_path / "gs2.db") as s:
+        s.add_jobs([make_job(f"j{i}").cpu("1").build() for i in range(7)], now=T0)
+        s.set_task_states([(f"j{i}/0", TaskState.CANCELLED) for i in range(7)], now=T0)
+        assert s.purge_finished(before=T0 + 1, keep=0, batch=3, most=2) == 7
+        assert s.load_jobs() == []
 
 
 # Per task: its state, whether it is marked failing, and its last change (seconds after T0).
