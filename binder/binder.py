@@ -24,7 +24,7 @@ so that the store sees all writes in the order the binder made them.
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -323,8 +323,11 @@ class Binder:
         self._guarded(lambda: self.store.set_version(self.version + len(changes)))
         self._publish(changes)
 
-    def release(self, task_ids: Iterable[str], reason: str) -> list[str]:
-        """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...).
+    def release(
+        self, task_ids: Iterable[str], reason: str, why: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """Free the resources of tasks that ended (succeeded / failed / cancelled / preempted...);
+        `why` by task id: why a failed one failed (its agent's words), stored with its end.
 
         Tasks not bound here are skipped. Returns the task ids released."""
         self._writable()
@@ -353,9 +356,10 @@ class Binder:
         if down:
             changes += _down_notes(gone)
         now = self.clock()
+        told = {t: why[t] for t in released if t in why} if why else None
         self._guarded(
             lambda: self.store.commit(
-                self.version + len(changes), [], [(t, state) for t in released], now=now
+                self.version + len(changes), [], [(t, state) for t in released], now=now, reasons=told
             )
         )
         self._publish(changes)

@@ -582,9 +582,11 @@ class Store:
         *,
         now: float | None = None,
         jobs: Mapping[str, Job] | None = None,
+        reasons: Mapping[str, str] | None = None,
     ) -> None:
         """The binder's batch, in ONE transaction: bindings (state bound, node, GPUs, bound_at=now),
-        the other task state changes, and the version.
+        the other task state changes, the version, and `reasons` by task id (why a task it ends
+        failed: with its state, so that no crash in between leaves a failure without its reason).
 
         A bound task without a row (its job was never stored) gets its job stored from `jobs`
         first; a job missing from `jobs` too raises KeyError and nothing is written.
@@ -592,6 +594,8 @@ class Store:
         t = time.time() if now is None else now
         with self._tx() as c:
             self._write_batch(c, version, bound, state_changes, t, jobs or {})
+            if reasons:
+                c.executemany(_SET_REASON, [(why, tid) for tid, why in reasons.items()])
 
     def commit_many(self, batches: Sequence[StoredBatch]) -> None:
         """Several binder batches, in order, in ONE transaction (the binder's writer process groups

@@ -125,7 +125,7 @@ class Pipeline:
         if again:
             retried = set(again)
             task_ids = [t for t in task_ids if t not in retried]
-        released = self.binder.release(task_ids, final.value)
+        released = self.binder.release(task_ids, final.value, reasons)
         # A gang a failure for good stopped: its other tasks are freed as a cancel's are.
         for job_id, holding in self.dispatcher.on_released(released, final, reasons).items():
             self.binder.cancel_job(job_id, holding)

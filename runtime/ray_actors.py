@@ -542,8 +542,10 @@ class BinderCore:
         stats["peak_rss_mib"] += peak_mib
         return stats
 
-    def release(self, task_ids: Sequence[str], reason: str) -> list[str]:
-        return self.binder.release(task_ids, reason)
+    def release(
+        self, task_ids: Sequence[str], reason: str, why: Mapping[str, str] | None = None
+    ) -> list[str]:
+        return self.binder.release(task_ids, reason, why)
 
     def cancel_job(self, job_id: str, holding: Sequence[str]) -> list[str]:
         return self.binder.cancel_job(job_id, holding)

@@ -439,7 +439,9 @@ class RayControl:
             again = ray.get(self.rs.dispatcher.begin_retries.remote(list(task_ids)))
             retried = set(again)
             task_ids = [t for t in task_ids if t not in retried]
-        released: list[str] = ray.get(self.rs.binder.release.remote(list(task_ids), final.value))
+        released: list[str] = ray.get(
+            self.rs.binder.release.remote(list(task_ids), final.value, dict(reasons or {}))
+        )
         aborted: dict[str, list[str]] = ray.get(
             self.rs.dispatcher.on_released.remote(released, final.value, dict(reasons or {}))
         )

@@ -235,3 +235,20 @@ def test_an_unqueued_gang_whose_failure_the_binder_stored_first_is_stopped_at_re
     assert again.dispatcher.task_states("g") == [F, C, C]
     assert not [tid for tid in again.binder.state.task_row if tid.startswith("g/")]
     again.close()
+
+
+def test_a_failure_the_binder_stored_before_a_crash_keeps_its_reason(tmp_path: Path) -> None:
+    """The binder stores a failure's reason with its end, in one transaction: a master that dies
+    before the dispatcher hears of it restarts with the reason in explain and in the task's view."""
+    p = _pipeline(tmp_path)
+    job = make_job("f").cpu("1").build()
+    p.submit(job)
+    p.run_until_idle()
+    assert p.binder.release(["f/0"], F.value, {"f/0": "exit code 3 (on n0)"}) == ["f/0"]  # then it dies
+    p.close()
+    again = _pipeline(tmp_path)
+    assert again.dispatcher.job_state("f") is JobState.FAILED
+    (view,) = again.dispatcher.snapshots(["f"])
+    assert view is not None and view.reasons == ("exit code 3 (on n0)",)
+    assert "exit code 3 (on n0)" in again.dispatcher.explain("f")
+    again.close()
