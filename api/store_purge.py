@@ -1,9 +1,9 @@
 """The master's purge of old finished jobs from the store (Settings.finished_job_ttl_s).
 
-A thread of its own, on a connection of its own: the scan of the task rows takes no lock another
-writer waits on, and the deletes go in small transactions (Store.purge_finished), so neither the
-scheduler nor the binder stalls behind it. The jobs it deletes are past the newest
-FINISHED_RETENTION finished, so none that the API still shows goes."""
+A thread of its own, on connections of its own: the scan of the task rows takes no lock another
+writer waits on, and the deletes go in small paced transactions (Store.purge_finished), so neither
+the scheduler nor the binder stalls behind it. The jobs it purges are past the newest
+FINISHED_RETENTION finished, so none that the API still shows goes; their ids stay taken."""
 
 import logging
 import sqlite3
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 # come every PURGE_EVERY_S.
 FIRST_PURGE_AFTER_S = 60.0
 PURGE_EVERY_S = 3_600.0
+# The purge's connection waits this long for the write lock, then gives up until the next round:
+# the scheduler's writers (30 s) are the ones that wait it out.
+PURGE_BUSY_S = 2.0
 
 
 class StorePurger:
@@ -46,14 +49,15 @@ class StorePurger:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop, after the purge's transaction under way (if any): it no longer writes after."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(10.0)
+            self._thread.join()
 
     def purge_once(self) -> int:
         """One purge; the jobs it deleted."""
-        with Store(self.store_path) as store:
-            n = store.purge_finished(before=self.clock() - self.ttl_s, keep=self.keep)
+        with Store(self.store_path, busy_timeout_s=PURGE_BUSY_S) as store:
+            n = store.purge_finished(before=self.clock() - self.ttl_s, keep=self.keep, stop=self._stop)
         self.purged += n
         self.rounds += 1
         if n:

@@ -130,23 +130,30 @@ _INSERT_TASKS_OF_ONE = (
     f"SELECT id || '/0', id, 0, '{TaskState.PENDING.value}', ?1 FROM jobs WHERE rowid > ?2"
 )
 
-# Jobs a purge_finished transaction deletes at most, and a scan of it finds at most.
-PURGE_BATCH = 1_000
-PURGE_SCAN_MOST = 100_000
+# Task rows a purge_finished transaction deletes (about; at most where a job has more).
+PURGE_ROWS = 5_000
+# jobs.state of a purged job's row: a tombstone, its spec gone, its ids taken for good.
+PURGED = "purged"
+_LIVE_JOB_IDS = f"SELECT id FROM jobs WHERE state != '{PURGED}' ORDER BY rowid"
+_LIVE_JOB_SPECS = f"SELECT id, spec FROM jobs WHERE state != '{PURGED}' ORDER BY rowid"
+_TAKEN_FOR_GOOD = "ids stay taken (finished_job_ttl_s)"
+_TOMBSTONE = f"UPDATE jobs SET spec = X'', state = '{PURGED}' WHERE id = ? AND state != '{PURGED}'"
 _TERMINAL_LIST = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
 # The task rows of a job ({0}), by the primary key: tasks has no job_id index (see _SCHEMA), a job's
 # task ids are "job/idx", the key range ["job/", "job0") ("0" follows "/"), and no job id holds a "/".
 _TASKS_OF = "task_id >= {0} || '/' AND task_id < {0} || '0'"
+_DELETE_SOME_TASKS = (
+    f"DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM tasks WHERE {_TASKS_OF.format('?1')} LIMIT ?2)"
+)
 # A task row that keeps its job from a purge: not ended, being run again, or changed at ? or later.
 _NOT_ENDED_BY = f"(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0 OR updated >= ?)"
 # Of the finished jobs (every task in a terminal state, none marked failing) past the ?1 that
-# finished last, the first ?3 whose last task change came before ?2.
+# finished last, those whose last task change came before ?2, with their task rows' count.
 _FINISHED_BEFORE = (
-    "SELECT job_id FROM (SELECT job_id, MAX(updated) AS done FROM tasks GROUP BY job_id "
-    f"HAVING SUM(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0) = 0 "
-    "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1) WHERE done < ?2 LIMIT ?3"
+    "SELECT job_id, n FROM (SELECT job_id, MAX(updated) AS done, COUNT(*) AS n FROM tasks "
+    f"GROUP BY job_id HAVING SUM(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0) = 0 "
+    "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1) WHERE done < ?2"
 )
-
 
 class TasksOfEach(NamedTuple):
     """The task rows of jobs that all have `n` tasks (1: the one shape _job_rows makes), pending,
@@ -415,12 +422,19 @@ class Store:
         seen_ids: set[str] = set()
         seen_subs: set[str] = set()
         for j in jobs:
-            if j.id in seen_ids or self.get_job_state(j.id) is not None:
+            if j.id in seen_ids:
+                return "id", f"job {j.id} is given twice", j.id
+            if self.is_purged(j.id):
+                return "id", f"job {j.id} finished and was purged from the store: {_TAKEN_FOR_GOOD}", j.id
+            if self.get_job_state(j.id) is not None:
                 return "id", f"job {j.id} is already stored", j.id
             seen_ids.add(j.id)
             if j.submission_id:
-                if j.submission_id in seen_subs or self.find_submission(j.submission_id) is not None:
+                first = self.find_submission(j.submission_id)
+                if j.submission_id in seen_subs or first is not None:
                     why = f"submission id {j.submission_id!r} of job {j.id} is already used"
+                    if first is not None and self.is_purged(first):
+                        why += f" (by job {first}, which finished and was purged: {_TAKEN_FOR_GOOD})"
                     return "submission_id", why, j.id
                 seen_subs.add(j.submission_id)
         return None
@@ -509,13 +523,24 @@ class Store:
         return None if row is None else str(row[0])
 
     def get_job(self, job_id: str) -> Job | None:
+        """The job stored as `job_id`; None if none is, or if it was purged (purge_finished)."""
         with self._lock:
-            row = self._conn.execute("SELECT spec FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = self._conn.execute(
+                f"SELECT spec FROM jobs WHERE id = ? AND state != '{PURGED}'", (job_id,)
+            ).fetchone()
         return None if row is None else decode_job(row[0])
+
+    def is_purged(self, job_id: str) -> bool:
+        """Whether `job_id` names a job purge_finished took: its id (and submission id) stay taken."""
+        with self._lock:
+            row = self._conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row is not None and row[0] == PURGED
 
     def get_job_state(self, job_id: str) -> JobState | None:
         with self._lock:
-            row = self._conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = self._conn.execute(
+                f"SELECT state FROM jobs WHERE id = ? AND state != '{PURGED}'", (job_id,)
+            ).fetchone()
         return None if row is None else JobState(row[0])
 
     def set_job_state(self, job_id: str, state: JobState) -> None:
@@ -539,13 +564,13 @@ class Store:
             if keep_finished is not None:
                 finished = [
                     str(jid)
-                    for (jid,) in c.execute("SELECT id FROM jobs ORDER BY rowid")
+                    for (jid,) in c.execute(_LIVE_JOB_IDS)
                     if (rows := tasks.get(jid)) and all(row[1] in TERMINAL for row in rows)
                 ]
                 skip = set(finished[: max(0, len(finished) - keep_finished)])
             jobs = [
                 (str(jid), decode_job(spec))
-                for jid, spec in c.execute("SELECT id, spec FROM jobs ORDER BY rowid")
+                for jid, spec in c.execute(_LIVE_JOB_SPECS)
                 if jid not in skip
             ]
         return [(job, tasks.get(jid, [])) for jid, job in jobs]
@@ -778,45 +803,83 @@ class Store:
 
     # -- purging finished jobs ------------------------------------------------------------------
     def purge_finished(
-        self, before: float, keep: int, *, batch: int = PURGE_BATCH, most: int = PURGE_SCAN_MOST
+        self,
+        before: float,
+        keep: int,
+        *,
+        rows: int = PURGE_ROWS,
+        stop: threading.Event | None = None,
     ) -> int:
-        """Delete the jobs that finished (every task ended, none being run again) before `before`
-        (unix time of their last task change), sparing the `keep` that finished last: their jobs,
-        tasks, restart and backoff rows. Returns how many jobs went. As Kubernetes' pod garbage
-        collector and a Job's ttlSecondsAfterFinished: without it the store grows with every job,
-        and a restart reads every task row. The scan reads without holding the write lock; the
-        deletes go `batch` jobs a transaction, so that other writers wait for one batch at most.
-        A scan takes `most` jobs at most (the memory it holds), and scans again while it finds as many."""
-        purged = 0
-        while True:
-            with self._lock:
-                rows = self._conn.execute(_FINISHED_BEFORE, (keep, before, most)).fetchall()
-            doomed = [str(jid) for (jid,) in rows]
-            purged += self._purge_jobs(doomed, before, batch)
-            if len(doomed) < most:
-                return purged
+        """Purge the jobs that finished (every task ended, none being run again) before `before`
+        (unix time of their last task change), sparing the `keep` that finished last: their tasks,
+        restart and backoff rows go, and their spec; the job's row stays as a tombstone (state
+        "purged"), so that neither its id nor its submission id is ever taken again (an agent, the
+        logs and the restart counts know a task by its id alone). Returns how many jobs went. As
+        Kubernetes' pod garbage collector and a Job's ttlSecondsAfterFinished: without it the
+        store grows by every job's spec and task rows, and a restart reads every task row.
 
-    def _purge_jobs(self, doomed: list[str], before: float, batch: int) -> int:
-        purged = 0
-        for start in range(0, len(doomed), batch):
-            ids = doomed[start : start + batch]
-            with self._tx() as c:
-                # Still finished (the scan held no lock): a job whose task moved on meanwhile stays.
-                values = ",".join(["(?)"] * len(ids))
-                moved = {
-                    str(jid)
-                    for (jid,) in c.execute(
-                        f"WITH ids(j) AS (VALUES {values}) SELECT j FROM ids WHERE EXISTS "
-                        f"(SELECT 1 FROM tasks WHERE {_TASKS_OF.format('j')} AND {_NOT_ENDED_BY})",
-                        (*ids, before),
-                    )
-                }
-                gone = [(jid,) for jid in ids if jid not in moved]
-                c.executemany(f"DELETE FROM tasks WHERE {_TASKS_OF.format('?1')}", gone)
-                c.executemany("DELETE FROM task_restarts WHERE job_id = ?", gone)
-                c.executemany("DELETE FROM backoffs WHERE job_id = ?", gone)
-                c.executemany("DELETE FROM jobs WHERE id = ?", gone)
-            purged += len(gone)
+        The candidates are read on a connection of their own, streamed (no list of every finished
+        job in memory; the snapshot it holds keeps the WAL from being checkpointed meanwhile). The
+        purge writes in transactions of about `rows` task rows, checking in each that its jobs are
+        still finished, and after each waits as long as it took, so that other writers get the lock
+        at least half the time. A job of more tasks than `rows` is made a tombstone first, then its
+        task rows go `rows` at a time: a crash in between leaves ended rows of no job, which the
+        next purge takes. `stop` set: it ends after the transaction under way."""
+        reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            found = reader.execute(_FINISHED_BEFORE, (keep, before))
+            purged = 0
+            batch: list[tuple[str, int]] = []
+            size = 0
+            while not (stop is not None and stop.is_set()):
+                more = found.fetchmany(1_000)
+                for job_id, n in more:
+                    batch.append((str(job_id), int(n)))
+                    size += int(n)
+                    if size >= rows:
+                        purged += self._purge_batch(batch, before, rows, stop)
+                        batch, size = [], 0
+                if not more:
+                    purged += self._purge_batch(batch, before, rows, stop)
+                    break
+        finally:
+            reader.close()
+        return purged
+
+    def _purge_batch(
+        self, batch: list[tuple[str, int]], before: float, rows: int, stop: threading.Event | None
+    ) -> int:
+        if not batch or (stop is not None and stop.is_set()):
+            return 0
+        ids = [job_id for job_id, _ in batch]
+        started = time.monotonic()
+        with self._tx() as c:
+            # Still finished (the candidates were read on another snapshot): one that moved on stays.
+            values = ",".join(["(?)"] * len(ids))
+            moved = {
+                str(jid)
+                for (jid,) in c.execute(
+                    f"WITH ids(j) AS (VALUES {values}) SELECT j FROM ids WHERE EXISTS "
+                    f"(SELECT 1 FROM tasks WHERE {_TASKS_OF.format('j')} AND {_NOT_ENDED_BY})",
+                    (*ids, before),
+                )
+            }
+            gone = [(jid,) for jid in ids if jid not in moved]
+            # a job a purge stopped midway (the rest of its rows) is not counted again
+            purged = c.executemany(_TOMBSTONE, gone).rowcount
+            c.executemany("DELETE FROM task_restarts WHERE job_id = ?", gone)
+            c.executemany("DELETE FROM backoffs WHERE job_id = ?", gone)
+            big = [(jid,) for jid, n in batch if n > rows and jid not in moved]
+            c.executemany(f"DELETE FROM tasks WHERE {_TASKS_OF.format('?1')}", set(gone) - set(big))
+        time.sleep(time.monotonic() - started)
+        for (job_id,) in big:  # a tombstone already: the rest of its rows, a transaction at a time
+            while not (stop is not None and stop.is_set()):
+                started = time.monotonic()
+                with self._tx() as c:
+                    cur = c.execute(_DELETE_SOME_TASKS, (job_id, rows))
+                time.sleep(time.monotonic() - started)
+                if cur.rowcount < rows:
+                    break
         return purged
 
     # -- restarts reported by node agents ----------------------------------------------------------

@@ -346,7 +346,9 @@ class Dispatcher:
                     )
                 return first
             batch_subs[sid] = job
-        if job.id in self or job.id in batch_ids:  # active, kept apart, or retained
+        if job.id in batch_ids:  # not a conflict with a job: a request that names one job twice
+            raise SpecError("id", f"job id {job.id!r} is given to two jobs of this request")
+        if job.id in self:  # active, kept apart, or retained
             raise SpecError("id", f"job id {job.id!r} already exists")
         batch_ids.add(job.id)
         return None

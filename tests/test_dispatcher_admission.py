@@ -187,9 +187,9 @@ def test_reused_job_id_without_matching_submission_is_a_spec_error():
     with pytest.raises(SpecError) as err:
         d.submit(job("a"))
     assert err.value.field == "id"
-    with pytest.raises(SpecError, match="already exists") as err:
+    with pytest.raises(SpecError, match="job id 'x' is given to two jobs of this request") as err:
         d.submit_many([job("x"), job("y"), job("x")])
-    assert err.value.field == "jobs[2].id"  # which job of the batch
+    assert err.value.field == "jobs[2].id"  # which job of the batch, not a job that exists
     with pytest.raises(SpecError) as err:
         d.submit_many([job("z"), job("a")])
     assert err.value.field == "jobs[1].id"

@@ -147,7 +147,7 @@ def test_find_submission_and_duplicates(db: Path) -> None:
             s.add_jobs([make_job("c").build(), replace(make_job("d").build(), submission_id="req-1")])
         with pytest.raises(ValueError, match="already stored"):
             s.add_jobs([make_job("a").build()])
-        with pytest.raises(ValueError, match="already stored"):
+        with pytest.raises(ValueError, match="job e is given twice"):
             s.add_jobs([make_job("e").build(), make_job("e").build()])
         # nothing of a refused call was stored
         assert [j.id for j, _ in s.load_jobs()] == ["a", "b"]
