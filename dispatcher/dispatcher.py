@@ -1086,18 +1086,22 @@ class Dispatcher:
         failed task failed (its agent's words), kept as the job's note for explain. `again`: the
         pending ones that failed and run again (on_retried): their failure is their note.
 
-        Returns the gangs a failure for good stopped (the others could no longer make the job's
-        min_member: it has failed, its other tasks are cancelled), by job id, with their tasks
-        that held resources: the caller frees them at the binder as a cancel's are
-        (Binder.cancel_job), which stops them on their nodes."""
+        Returns the gangs a failure for good of this call stopped (the others could no longer make
+        the job's min_member: it has failed, its other tasks are cancelled), by job id, with their
+        tasks that held resources: the caller frees them at the binder as a cancel's are
+        (Binder.cancel_job), which stops them on their nodes. Those a restore stopped stay for
+        take_aborted: a caller that releases lost tasks (no failure) may drop the answer."""
         updates: Updates = []
         told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
+        earlier = self._aborted  # a restore's, still to send: not this caller's to take
+        self._aborted = {}
         self._release(task_ids, final_state, reasons, again, updates, told)
         if told:
             self._note_reasons(told)
         if self.store is not None and (updates or told):
             self.store.set_task_states(updates, reasons=told)
-        return self.take_aborted()
+        now, self._aborted = self._aborted, earlier
+        return now
 
     def _note_reasons(self, told: Mapping[str, str]) -> None:
         """Keep each task's latest failure reason, for the API (a finished job's go with it)."""

@@ -12,6 +12,8 @@ from gosched.common.config import QueueConfig, Settings
 from gosched.common.job import Job
 from gosched.common.node import Node
 from gosched.common.states import JobState, TaskState
+from gosched.common.store import Store
+from gosched.dispatcher.dispatcher import Dispatcher
 from gosched.runtime.pipeline import Pipeline
 from tests.builders import JobBuilder, make_job, make_node
 
@@ -252,3 +254,20 @@ def test_a_failure_the_binder_stored_before_a_crash_keeps_its_reason(tmp_path: P
     assert view is not None and view.reasons == ("exit code 3 (on n0)",)
     assert "exit code 3 (on n0)" in again.dispatcher.explain("f")
     again.close()
+
+
+def test_a_gang_a_restore_stopped_waits_for_the_binder_whatever_is_released_meanwhile(tmp_path: Path) -> None:
+    """Restarted alone (a Ray actor), the dispatcher's restore stops a gang whose failure the binder
+    stored; it waits for take_aborted (the actor's next poll, or reload, sends it to the binder).
+    A node lost before that releases other tasks: its answer (which a lost release drops) must not
+    take the gang, or the binder that lived on would hold its other tasks for good."""
+    p = _pipeline(tmp_path)
+    p.submit(make_job("g").cpu("1").replicas(3).min_member(3).build())
+    p.submit(make_job("other").cpu("1").build())
+    p.run_until_idle()
+    assert p.binder.release(["g/0"], F.value) == ["g/0"]  # then the dispatcher dies
+    restarted = Dispatcher(p.settings, store=Store(p.settings.store_path))
+    restarted.restore()
+    assert restarted.on_released(["other/0"], TaskState.PENDING) == {}
+    assert restarted.take_aborted() == {"g": ["g/1", "g/2"]}
+    p.close()
