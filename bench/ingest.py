@@ -26,7 +26,8 @@ class IngestResult:
     runtime: str
     jobs: int
     replicas: int  # tasks per job
-    batch: int  # jobs per SubmitJobs call
+    batch: int  # jobs per SubmitJobs call (the last call may take fewer)
+    calls: int  # SubmitJobs calls made
     accepted_tasks: int
     seconds: float
     p50_call_ms: float
@@ -38,6 +39,17 @@ class IngestResult:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "tasks_per_s": self.tasks_per_s}
+
+
+def ingest_line(r: IngestResult) -> str:
+    """The result in one line, as `gosched bench --ingest` prints it."""
+    calls = f"{r.calls:,} call" + ("s" if r.calls != 1 else "")
+    per_call = f"{r.batch:,} jobs" if r.jobs % r.batch == 0 else f"up to {r.batch:,} jobs"
+    return (
+        f"{r.tasks_per_s:,.0f} tasks/s ingest ({r.accepted_tasks:,} tasks in {r.jobs:,} jobs of "
+        f"{r.replicas:,} tasks, {calls} of {per_call}, {r.runtime}; call p50 {r.p50_call_ms:.0f} ms, "
+        f"p99 {r.p99_call_ms:.0f} ms)"
+    )
 
 
 def _template(replicas: int) -> pb.JobSpec:
@@ -100,7 +112,8 @@ def run_ingest(
         runtime=runtime,
         jobs=jobs,
         replicas=replicas,
-        batch=batch,
+        batch=min(batch, jobs),  # asked for more a call than there are jobs: all of them in one
+        calls=len(calls),
         accepted_tasks=accepted,
         seconds=seconds,
         p50_call_ms=calls[len(calls) // 2] * 1000,

@@ -31,18 +31,41 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def notes(r: RunResult) -> list[str]:
+    """Why a run's counts are not simply --pods measured and all bound once."""
+    out = []
+    if r.asked is not None and r.asked != r.tasks:
+        why = f" ({r.note})" if r.note else ""
+        out.append(f"measures {r.tasks:,} of the {r.asked:,} tasks asked{why}")
+    if r.bound < r.tasks:
+        out.append(f"{r.tasks - r.bound:,} of its {r.tasks:,} tasks never bound")
+    if r.bindings is not None and r.bindings > r.bound:
+        out.append(
+            f"{r.bindings - r.bound:,} more bindings of tasks evicted and placed again, not counted "
+            f"in tasks/s ({r.bindings:,} bindings of {r.bound:,} tasks)"
+        )
+    return out
+
+
 def table(results: Sequence[RunResult]) -> str:
+    """tasks: the tasks measured; bound: how many of them were bound (each once); tasks/s: bound
+    over the seconds from the first dispatch to the last binding."""
     head = (
-        f"{'workload':<18}{'runtime':<11}{'profile':<9}{'nodes':>7}{'shards':>7}{'tasks':>8}{'tasks/s':>10}"
-        f"{'p50ms':>8}{'p95ms':>8}{'p99ms':>8}{'conflicts':>10}{'retries':>8}{'rss MiB':>9}"
+        f"{'workload':<18}{'runtime':<11}{'profile':<9}{'nodes':>7}{'shards':>7}{'tasks':>8}{'bound':>8}"
+        f"{'tasks/s':>10}{'p50ms':>8}{'p95ms':>8}{'p99ms':>8}{'conflicts':>10}{'retries':>8}{'rss MiB':>9}"
     )
     lines = [head]
     for r in results:
         lines.append(
-            f"{r.workload:<18}{r.runtime:<11}{r.profile:<9}{r.nodes:>7}{r.shards:>7}{r.bound:>8}"
+            f"{r.workload:<18}{r.runtime:<11}{r.profile:<9}{r.nodes:>7}{r.shards:>7}{r.tasks:>8}{r.bound:>8}"
             f"{r.tasks_per_s:>10,.0f}{_ms(r.p50_ms):>8}{_ms(r.p95_ms):>8}{_ms(r.p99_ms):>8}"
             f"{r.conflict_rate:>10.2%}{r.retries:>8}{r.peak_rss_mib:>9.0f}"
         )
+    noted = [(r, n) for r in results if (n := notes(r))]
+    if noted:
+        lines += ["", "notes:"]
+        for r, n in noted:
+            lines.append(f"  {r.workload} {r.runtime} {r.profile} {r.shards} shard(s): " + "; ".join(n))
     serial = [r for r in results if r.serial_cpu_s and r.bound]
     if serial:
         lines += ["", "serial threads' CPU, us per task (Ray runs; each part one thread at a time):"]

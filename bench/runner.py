@@ -1,7 +1,9 @@
 """Runs a workload through the scheduler, in process or through the Ray actors, and measures it.
 
 Throughput is scheduling throughput as scheduler_perf reports it: the measured tasks are accepted
-and queued first, then the clock runs from the first dispatch to the last durable binding.
+and queued first, then the clock runs from the first dispatch to the last durable binding. The
+bindings counted are the measured tasks bound, each once: a task evicted (by a measured task of a
+higher priority) and placed again is counted in `bindings`, not twice in `bound`.
 """
 
 import resource
@@ -18,6 +20,7 @@ from gosched.bench.ray_daemons import daemons_cpu_s
 from gosched.bench.workloads import Workload
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
+from gosched.common.messages import BindReply, ProposalBatch
 from gosched.runtime.pipeline import Pipeline
 
 
@@ -29,8 +32,8 @@ class RunResult:
     nodes: int
     shards: int
     tasks: int  # measured tasks
-    bound: int  # bindings of measured tasks (one evicted and placed again counts again)
-    seconds: float
+    bound: int  # measured tasks bound, each once (in process; on Ray, bindings as the dispatcher counts them)
+    seconds: float  # first dispatch to the last binding of a measured task
     conflict_rate: float
     retries: int  # units proposed again after a rejection or an unschedulable verdict
     p50_ms: float | None = None
@@ -55,6 +58,9 @@ class RunResult:
     peak_rss_mib: float = 0.0  # the whole control plane: this process, plus every actor on Ray
     process_rss_mib: dict[str, float] = field(default_factory=dict)  # peak per process (Ray)
     offered_rate: float | None = None  # tasks/s arriving during the run (open loop), else queued first
+    asked: int | None = None  # the tasks asked for (--pods), when the workload measures fewer
+    note: str = ""  # the workload's why (Workload.note)
+    bindings: int | None = None  # in process: bindings of measured tasks, a task placed again counting again
 
     @property
     def tasks_per_s(self) -> float:
@@ -78,6 +84,52 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class _Bindings:
+    """The measured tasks' bindings as the binder answers them, each task counted once: wraps the
+    pipeline's binder.commit (in process a commit is durable when it returns)."""
+
+    def __init__(self, p: Pipeline, measured: list[Job]) -> None:
+        self.jobs = {j.id for j in measured}
+        self.first: dict[tuple[str, int], float] = {}  # task -> seconds, dispatch to first binding
+        self.bindings = 0
+        self.last_s: float | None = None  # perf_counter at the last commit binding a measured task
+        commit = p.binder.commit
+
+        def counted(batch: ProposalBatch, *args: object, **kwargs: object) -> BindReply:
+            reply = commit(batch, *args, **kwargs)  # type: ignore[arg-type]
+            self.note(batch, reply)
+            return reply
+
+        p.binder.commit = counted  # type: ignore[method-assign]
+
+    def note(self, batch: ProposalBatch, reply: BindReply) -> None:
+        dispatched = {q.job.id: q.dispatch_time for q in batch.proposals}
+        bound_any = False
+        for acc in reply.accepted:
+            if acc.job_id not in self.jobs:
+                continue
+            started = dispatched.get(acc.job_id)
+            for index in acc.task_indexes:
+                self.bindings += 1
+                bound_any = True
+                if (acc.job_id, index) not in self.first and started:
+                    self.first[(acc.job_id, index)] = acc.bind_time - started
+        if bound_any:
+            self.last_s = time.perf_counter()
+
+
+def _run_until_idle(p: Pipeline) -> None:
+    """Pipeline.run_until_idle(wait_backoff=True), as on Ray: jobs backing off after a change that
+    may have made room are waited for (the waits after the last binding are not the run's time)."""
+    while True:
+        if p.step():
+            continue
+        if p.dispatcher.waiting_count() > 0:
+            time.sleep(p.settings.retry_backoff_s)
+            continue
+        return
+
+
 def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 512) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="gosched-bench-") as tmp:
         settings = Settings(
@@ -90,18 +142,17 @@ def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size:
             # "Already running": every shard knows of it before the clock starts, as in a cluster
             # that has been up a while (and as scheduler_perf waits for its informers' caches).
             p.sync_shards()
-        before = p.stats.bound_tasks, p.stats.proposals, p.stats.rejected_units, p.stats.unschedulable_units
-        lat_from = len(p.stats.latencies)
+        before = p.stats.proposals, p.stats.rejected_units, p.stats.unschedulable_units
         comp_before = dict(p.stats.component_s)
+        bindings = _Bindings(p, w.measured)
         p.submit_many(w.measured)
         start = time.perf_counter()
-        # As on Ray: jobs backing off after a change that may have made room are waited for.
-        p.run_until_idle(wait_backoff=True)
-        seconds = time.perf_counter() - start
+        _run_until_idle(p)
+        end = time.perf_counter() if bindings.last_s is None else bindings.last_s
         s = p.stats
-        proposals = s.proposals - before[1]
-        rejected = s.rejected_units - before[2]
-        lat = np.array(s.latencies[lat_from:]) * 1000 if len(s.latencies) > lat_from else None
+        proposals = s.proposals - before[0]
+        rejected = s.rejected_units - before[1]
+        lat = np.array(list(bindings.first.values())) * 1000 if bindings.first else None
         result = RunResult(
             workload=w.name,
             runtime="in-process",
@@ -109,15 +160,18 @@ def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size:
             nodes=len(w.nodes),
             shards=shards,
             tasks=w.measured_tasks,
-            bound=s.bound_tasks - before[0],
-            seconds=seconds,
+            bound=len(bindings.first),
+            seconds=end - start,
             conflict_rate=rejected / proposals if proposals else 0.0,
-            retries=rejected + (s.unschedulable_units - before[3]),
+            retries=rejected + (s.unschedulable_units - before[2]),
             p50_ms=None if lat is None else float(np.percentile(lat, 50)),
             p95_ms=None if lat is None else float(np.percentile(lat, 95)),
             p99_ms=None if lat is None else float(np.percentile(lat, 99)),
             component_s={k: v - comp_before.get(k, 0.0) for k, v in s.component_s.items()},
             peak_rss_mib=_peak_rss_mib(),
+            asked=w.asked if w.asked != w.measured_tasks else None,
+            note=w.note,
+            bindings=bindings.bindings,
         )
         p.close()
         return result
@@ -184,12 +238,26 @@ def _serial_cpu_s(
     return serial
 
 
+def _writer_cpu_s(before: dict[str, object], after: dict[str, object]) -> float | None:
+    """The binder's store writer's CPU seconds between two of the binder actor's stats(), as the
+    writer reports them with each ack (its process_time, to the microsecond): process_stats reads
+    the writer's CPU from /proc in the kernel's ticks (10 ms), so a run with less writing than a
+    tick or two (a few thousand tasks) read 0.0 us a task. None without a writer, or when it is
+    another one than before (the binder restarted)."""
+    pid = after.get("writer_pid")
+    if pid is None or pid != before.get("writer_pid"):
+        return None
+    return float(after["writer_busy_s"]) - float(before["writer_busy_s"])  # type: ignore[arg-type]
+
+
 def run_ray(
     w: Workload, shards: int, profile: ProfileConfig, batch_size: int = 512, rate: float | None = None
 ) -> RunResult:
     """One run through the real Ray actors. With `rate` (tasks/s) the measured jobs arrive at that
     rate while the shards run, and the latency is submission to binding; without it they are all
     queued first and the latency is dispatch to binding."""
+    import ray
+
     from gosched.runtime.ray_cluster import RayScheduler
 
     with tempfile.TemporaryDirectory(prefix="gosched-bench-") as tmp:
@@ -205,11 +273,13 @@ def run_ray(
             rs.drain_latencies()
             rs.reset_largest_reply()  # the warm-up's replies are not the run's
             before, procs_before = rs.stats(), rs.process_stats()
+            binder_before = ray.get(rs.binder.stats.remote())
             daemons_before = daemons_cpu_s()
             start = time.perf_counter()
             if rate is None:
                 rs.submit_many(w.measured)
                 procs_before = rs.process_stats()  # queued first: their submission is not the run's
+                binder_before = ray.get(rs.binder.stats.remote())
                 daemons_before = daemons_cpu_s()
                 start = time.perf_counter()
                 rs.run_until_idle(timeout=1800)
@@ -222,6 +292,7 @@ def run_ray(
                     raise sub.error
             wall = time.perf_counter() - start
             stats, procs = rs.stats(), rs.process_stats()
+            binder_after = ray.get(rs.binder.stats.remote())  # every write acked: all reported
             daemons = daemons_cpu_s() - daemons_before
             dispatched, waited = rs.drain_latencies()
         finally:
@@ -242,6 +313,10 @@ def run_ray(
         component[key] += p["busy_s"] - procs_before[name]["busy_s"]
         cpu[key] += p["cpu_s"] - procs_before[name]["cpu_s"]
     serial = _serial_cpu_s(procs_before, procs)
+    writer = _writer_cpu_s(binder_before, binder_after)
+    if writer is not None and "writer" in serial:
+        cpu["binder"] += writer - serial["writer"]  # the same seconds, to the microsecond, not in ticks
+        serial["writer"] = writer
     rss = {name: p["peak_rss_mib"] for name, p in procs.items()}
     rss["driver"] = _peak_rss_mib()
     return RunResult(
@@ -267,4 +342,6 @@ def run_ray(
         peak_rss_mib=sum(rss.values()),
         process_rss_mib=rss,
         offered_rate=rate,
+        asked=w.asked if w.asked != w.measured_tasks else None,
+        note=w.note,
     )

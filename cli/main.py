@@ -190,7 +190,8 @@ def _echo_run(result: "RunResult") -> None:
     lat = f", p99 {result.p99_ms:.0f} ms" if result.p99_ms is not None else ""
     typer.echo(
         f"\n{result.tasks_per_s:,.0f} tasks/s  ({result.workload}, {result.runtime}, {result.shards} "
-        f"shard(s), profile {result.profile}{paced}, {result.bound:,} tasks in {result.seconds:.2f}s{lat})"
+        f"shard(s), profile {result.profile}{paced}, {result.bound:,} of {result.tasks:,} tasks bound in "
+        f"{result.seconds:.2f}s{lat})"
     )
 
 
@@ -232,17 +233,13 @@ def _bench_memory(nodes: int, pending: int, shards: int, out: Path) -> None:
 
 
 def _bench_ingest(tasks: int, replicas: int, batch: int, runtime: str, nodes: int, out: Path) -> None:
-    from gosched.bench.ingest import run_ingest
+    from gosched.bench.ingest import ingest_line, run_ingest
     from gosched.bench.report import write_result
 
     result = run_ingest(
         tasks, replicas=replicas, batch=batch, runtime="local" if runtime == "local" else "ray", nodes=nodes
     )
-    typer.echo(
-        f"{result.tasks_per_s:,.0f} tasks/s ingest ({result.accepted_tasks:,} tasks in {result.jobs:,} jobs "
-        f"of {replicas}, {batch} jobs a call, {runtime}; call p50 {result.p50_call_ms:.0f} ms, "
-        f"p99 {result.p99_call_ms:.0f} ms)"
-    )
+    typer.echo(ingest_line(result))
     typer.echo(f"wrote {write_result(out, 'ingest.json', result.as_dict())}")
 
 
