@@ -49,6 +49,7 @@ from gosched.api.servicers import ClusterServicer, JobServicer
 from gosched.api.store_purge import StorePurger
 from gosched.api.tls import server_credentials
 from gosched.common.config import Settings
+from gosched.common.job import DEFAULT_QUEUE
 from gosched.common.node import Node
 from gosched.proto.v1 import agent_pb2, agent_pb2_grpc, cluster_pb2, cluster_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from gosched.runtime.control import ControlPlane
@@ -378,6 +379,10 @@ def serve(
     `ray_address`). Task output shipped by agents is kept under `log_dir` (default: beside
     the store). With `sim_task_seconds`, tasks on nodes without an agent run that long and succeed.
     """
+    if DEFAULT_QUEUE not in {q.name for q in settings.queues}:  # allowed: every job may name one
+        known = ", ".join(q.name for q in settings.queues)
+        why = "no queue is named %r (queues: %s): a job that names no queue will be refused"
+        log.warning(why, DEFAULT_QUEUE, known)
     # TLS and tokens first (SecretFileError naming the setting): nothing is bound or made yet.
     credentials = server_credentials(settings)
     auth = token_interceptor(settings)

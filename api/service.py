@@ -442,6 +442,8 @@ class SchedulerService:
         return [q.name for q in self.queue_configs]
 
     def _snapshot(self, job_id: str, tasks: bool) -> JobSnapshot:
+        if not job_id:  # bad input, not a job that is missing
+            raise SpecError("id", "required: the job's id")
         snap = self.control.jobs([job_id], placements=tasks, ended=tasks)[0]
         if snap is None:
             raise NotFound(f"job {job_id!r} not found")

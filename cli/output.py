@@ -345,11 +345,12 @@ def status_view(s: Mapping[str, Any]) -> str:
             ),
             ("GPU", f"{h.gpus(s['gpu_used_milli'])}/{h.gpus(s['gpu_milli'])}" + _on_ready(s, "gpu", h.gpus)),
             # active counts every job not yet ended, the pending ones too: say so, or "3 active,
-            # 3 pending" reads as six jobs.
+            # 3 pending" reads as six jobs. "Pending" here is the dispatcher's: a job with a task
+            # waiting for a place, which may be running (`jobs --state` reads the job's state).
             (
                 "Jobs",
-                f"{s['active_jobs']} not ended: {s['pending_jobs']} pending, "
-                f"{max(0, s['active_jobs'] - s['pending_jobs'])} placed or being placed",
+                f"{s['active_jobs']} not ended: {s['pending_jobs']} with tasks waiting for a place, "
+                f"{max(0, s['active_jobs'] - s['pending_jobs'])} all placed or being placed",
             ),
             ("Shards", str(s["shards"])),
             ("Rounds", str(s["rounds"])),

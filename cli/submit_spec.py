@@ -9,7 +9,6 @@ job file must be UTF-8 and may not repeat a key (the error names the key and its
 
 import json
 import re
-from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,6 +16,7 @@ from typing import Any, TextIO
 import yaml
 
 from gosched.cli.exits import CliError
+from gosched.common.strict_yaml import DuplicateKeyError, load_yaml
 
 # spec key -> the flag that sets it
 TASK_FLAGS = {
@@ -132,32 +132,6 @@ def key_values(items: tuple[str, ...] | list[str], flag: str) -> dict[str, str]:
     return out
 
 
-class DuplicateKeyError(ValueError):
-    """A key given twice in one mapping of a job file: the last would silently win."""
-
-    def __init__(self, key: object, line: int | None = None) -> None:
-        super().__init__(f"duplicate key {key!r}" + (f" (line {line})" if line is not None else ""))
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses duplicate keys (PyYAML keeps the last one without a word)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<": overriding merged keys is its purpose
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # unhashable: the base class reports it
-                continue
-            if duplicate:
-                raise DuplicateKeyError(key, key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """json's object_pairs_hook: a dict, refusing a key given twice."""
     out: dict[str, Any] = {}
@@ -174,7 +148,7 @@ def load_spec_text(text: str) -> Any:
         return json.loads(text, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError:
         pass
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader subclass
+    return load_yaml(text)
 
 
 def read_spec_file(path: str, stdin: TextIO) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gosched.common.secret_files import check_key_pair, read_certificates, read_tokens
+from gosched.common.strict_yaml import DuplicateKeyError, load_yaml
 
 # Queue, tenant and role names: lower-case DNS-label-like words.
 log = logging.getLogger(__name__)
@@ -306,9 +307,11 @@ def load_settings(
     if source:
         text = Path(source).read_text()
         try:
-            loaded = yaml.safe_load(text) or {}
+            loaded = load_yaml(text) or {}
         except yaml.YAMLError as exc:
             raise ValueError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
+        except DuplicateKeyError as exc:
+            raise ValueError(f"{source}: {exc}: the last would silently win") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{source}: the config file must hold a mapping at the top level")
         file_values = loaded

@@ -145,6 +145,10 @@ class JobKind(enum.StrEnum):
     SERVICE = "service"
 
 
+# The queue of a job that names none (Settings.queues should hold one of this name).
+DEFAULT_QUEUE = "default"
+
+
 @fast_pickle
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -153,7 +157,7 @@ class Job:
     id: str
     groups: tuple[TaskGroup, ...]
     tenant: str = "default"
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
     priority: int = 0
     min_member: int = 1
     preemptible: bool = True

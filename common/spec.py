@@ -117,6 +117,7 @@ from gosched.common.cluster_state import MAX_GPUS
 from gosched.common.config import NAME_PATTERN
 from gosched.common.errors import QuantityError, SpecError
 from gosched.common.job import (
+    DEFAULT_QUEUE,
     AntiAffinity,
     GpuTopologyMode,
     Job,
@@ -1006,9 +1007,14 @@ def job_from_spec(
         root = _mapping(spec, "", _JOB_KEYS | _GROUP_KEYS)
         groups = (_group(root, "", new=True),)
 
-    queue = _queue_name(root.get("queue", "default"), "queue")
+    queue = _queue_name(root.get("queue", DEFAULT_QUEUE), "queue")
     if known_queues is not None and queue not in known_queues:
-        unnamed = "" if "queue" in root else ": the job names none, and this master has no queue 'default'"
+        # A JobSpec message always names one: "default" there is most likely a job that named none.
+        unnamed = (
+            f": a job that names no queue goes to {DEFAULT_QUEUE!r}, not configured here: name one"
+            if queue == DEFAULT_QUEUE
+            else ""
+        )
         _fail("queue", f"unknown queue {queue!r}{unnamed} (known: {', '.join(sorted(known_queues))})")
     total = sum(g.replicas for g in groups)
     if total > MAX_TASKS_PER_JOB:

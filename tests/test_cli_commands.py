@@ -426,7 +426,9 @@ def test_queues_and_status(server: ServerHandle, client: Client) -> None:
     assert re.search(r"^CPU:\s+[\d.]+/384 cores$", status.stdout, re.M)
     assert re.search(r"^GPU:\s+[\d.]+/16$", status.stdout, re.M) and "Shards:       2" in status.stdout
     # pending jobs are among those not ended, not beside them
-    shown = r"^Jobs:\s+(\d+) not ended: (\d+) pending, (\d+) placed or being placed$"
+    shown = (
+        r"^Jobs:\s+(\d+) not ended: (\d+) with tasks waiting for a place, (\d+) all placed or being placed$"
+    )
     jobs = re.search(shown, status.stdout, re.M)
     assert jobs is not None, status.stdout
     assert int(jobs[1]) == int(jobs[2]) + int(jobs[3])

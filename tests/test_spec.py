@@ -842,7 +842,8 @@ def test_a_job_naming_no_queue_on_a_master_without_default_is_told_why() -> None
         job_from_spec(spec(), known_queues={"prod", "batch"}, now=NOW)
     assert err.value.field == "queue"
     assert (
-        "the job names none, and this master has no queue 'default' (known: batch, prod)" in err.value.reason
+        "a job that names no queue goes to 'default', not configured here: name one (known: batch, prod)"
+        in err.value.reason
     )
 
 
