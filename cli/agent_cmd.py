@@ -167,6 +167,15 @@ def register(app: typer.Typer) -> None:
         grace: Annotated[
             float, typer.Option(help="Seconds a task has to exit on SIGTERM when the agent stops.")
         ] = 10.0,
+        keep_tasks_on_stop: Annotated[
+            bool,
+            typer.Option(
+                "--keep-tasks-on-stop",
+                help="On SIGTERM, leave the tasks running for the next agent on this work dir to"
+                " adopt (as a kubelet or slurmd restart does), not stop them. For restarts within the"
+                " master's node timeout (node_timeout_s); drain a node before taking it away.",
+            ),
+        ] = False,
         runtime_probe: Annotated[
             float,
             typer.Option(
@@ -245,8 +254,11 @@ def register(app: typer.Typer) -> None:
             typer.echo("warning: advertising more CPUs or memory than this machine has", err=True)
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            typer.echo(f"{signal.Signals(signum).name}: stopping")
-            runner.stop()
+            # Ctrl-C at a terminal is someone ending a run by hand: its tasks go with it.
+            keep = keep_tasks_on_stop and signum == signal.SIGTERM
+            left = ", leaving the tasks running for the next agent to adopt" if keep else ""
+            typer.echo(f"{signal.Signals(signum).name}: stopping{left}")
+            runner.stop(kill_tasks=not keep)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)

@@ -671,6 +671,44 @@ def test_the_agent_program_registers_and_stops_its_tasks_on_sigterm(
     assert "registered as node-cli with 1 CPUs, 1.0 GiB memory" in output
 
 
+def test_an_agent_told_to_keep_its_tasks_leaves_them_running_on_sigterm_for_the_next(tmp_path: Path) -> None:
+    """--keep-tasks-on-stop: a SIGTERM (systemctl restart, an upgrade) stops the agent alone, as a
+    kubelet's or slurmd's restart leaves the workloads: no task is reported lost, and the next
+    agent on the work dir adopts the task still running and reports its end."""
+    work, pidfile, stop_file = tmp_path / "agent", tmp_path / "k.pid", tmp_path / "stop"
+    since = time.time() - 1
+    first = FakeMaster()
+    pid = 0
+    try:
+        with agent_process(first.address, work, "--keep-tasks-on-stop") as proc:
+            wait_for("the stream", lambda: first.heartbeats(), timeout=10)
+            first.launch("keep/0", [f"echo $$ > {pidfile}; while [ ! -e {stop_file} ]; do sleep 0.05; done"])
+            first.wait_running("keep/0")
+            pid = read_pid(pidfile)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+            output = proc.stdout.read() if proc.stdout else ""
+        assert "leaving the tasks running for the next agent to adopt" in output
+        assert first.final("keep/0") is None  # not reported lost: the master keeps it placed
+        assert alive(pid)
+        first.stop()
+        second = FakeMaster(expected=("keep/0",))
+        try:
+            with agent_process(second.address, work, "--keep-tasks-on-stop") as proc:
+                beat = wait_for("a heartbeat", lambda: second.heartbeats(), timeout=10)[-1]
+                assert list(beat.running_task_ids) == ["keep/0"]
+                stop_file.touch()
+                done = second.wait_final("keep/0")
+                proc.send_signal(signal.SIGINT)  # by hand, at a terminal: tasks go with it (none left)
+                assert proc.wait(10) == 0
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        kill_groups([pid] if pid else [], since)
+    assert (done.state, done.exit_code) == (SUCCEEDED, 0)
+
+
 def test_a_restarted_agent_adopts_the_tasks_still_running(tmp_path: Path) -> None:
     work = tmp_path / "agent"
     stop_file, pids = tmp_path / "stop", {t: tmp_path / f"{t}.pid" for t in ("a", "b", "c")}
