@@ -8,6 +8,7 @@ use, another master holding the store, Ray not answering) or the scheduler stops
 Each is one `error: ...` line on stderr, never a traceback.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -201,10 +202,7 @@ def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -
         typer.echo(f"error: cannot start the master: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from exc
     except PortUnavailable as exc:
-        typer.echo(
-            f"error: cannot start the master: {exc}; choose another with {PORT_FLAGS[exc.kind]}", err=True
-        )
-        raise typer.Exit(ExitCode.FAILED) from exc
+        raise typer.Exit(_port_refused(exc)) from exc
     except OSError as exc:  # the store's folder cannot be made or opened
         typer.echo(f"error: cannot start the master: {exc}", err=True)
         raise typer.Exit(ExitCode.FAILED) from exc
@@ -216,6 +214,33 @@ def _start(settings: Settings, sim_nodes: int, sim_task_seconds: float | None) -
         raise typer.Exit(ExitCode.INTERRUPTED) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _port_refused(exc: Any) -> int:
+    """A PortUnavailable, on one `error:` line naming the flag that chooses another port."""
+    typer.echo(f"error: cannot start the master: {exc}; choose another with {PORT_FLAGS[exc.kind]}", err=True)
+    return ExitCode.FAILED
+
+
+def _refuse_taken_ports(settings: Settings) -> None:
+    """Refuse a port that is taken (another `up` or master) before anything starts, as serve()
+    refuses it: `up` says "starting Ray ..." first, and a local Ray takes seconds. Only a first
+    look: serve() binds the ports and decides, so a port taken in between fails there, alike."""
+    from gosched.api.server import PortUnavailable, _bind_error, _why
+
+    refused = _bind_error("[::]", settings.grpc_port)  # serve()'s host; the probe gRPC's bind makes
+    if refused is not None:
+        exc = PortUnavailable("grpc", f"cannot listen on [::]:{settings.grpc_port}: {_why(refused)}")
+        raise typer.Exit(_port_refused(exc))
+    if settings.http_port:
+        try:  # as ThreadingHTTPServer binds it: SO_REUSEADDR, IPv4 on every address
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(("0.0.0.0", settings.http_port))
+                probe.listen()
+        except OSError as error:
+            exc = PortUnavailable("http", f"cannot serve HTTP on 0.0.0.0:{settings.http_port}: {_why(error)}")
+            raise typer.Exit(_port_refused(exc)) from error
 
 
 def _interrupt_start(signum: int, frame: object) -> None:
@@ -284,6 +309,8 @@ def master(
 
 UP_SHARDS = 4  # the embedded default shows several shards at work
 SAMPLE_SCRIPT = "echo hello from gosched on $(hostname); echo GPUs: ${CUDA_VISIBLE_DEVICES:-none}"
+DEMO_WAIT_S = 60.0  # how long the demo waits for its sample jobs (--demo-wait)
+AGENT_WAIT_S = 60.0  # and, before them, for this machine's agent to register
 
 
 def up(
@@ -296,19 +323,37 @@ def up(
     sim_task_seconds: SimSecondsOpt = 3.0,
     work_dir: Annotated[str, typer.Option(help="Where the store, logs and agent files go.")] = ".gosched",
     detach_after_demo: Annotated[
-        bool, typer.Option("--exit-after-demo", help="Stop once the sample jobs have finished.")
+        bool,
+        typer.Option(
+            "--exit-after-demo",
+            help="Stop once the sample jobs have finished; exit 1 if one did not succeed in time.",
+        ),
     ] = False,
+    demo_wait: Annotated[
+        float,
+        typer.Option(
+            "--demo-wait",
+            help="How long the demo waits for its sample jobs to finish, in seconds; then it says "
+            "what is unfinished, and the cluster serves on.",
+        ),
+    ] = DEMO_WAIT_S,
 ) -> None:
     """The embedded default: a local Ray, the master, this machine's agent, simulated nodes.
 
     The settings' runtime is honoured: with `runtime: local` (in the -c file or GOSCHED_RUNTIME)
-    every component runs in this process, without Ray, and the first line says so. Exits 2 on an
-    invalid flag or configuration, before starting; 1 if the start is refused (a port in use,
-    another master on the store) or something stops on a failure.
+    every component runs in this process, without Ray, and the first line says so. Sample jobs
+    show it working; what they do (fail, get cancelled, still wait after --demo-wait) is reported
+    one line each and the cluster serves on. Exits 2 on an invalid flag or configuration, before
+    starting; 1 if the start is refused (a port in use, another master on the store) or something
+    stops on a failure; with --exit-after-demo, 1 also when the demo did not go as expected.
     """
     from gosched import Client
 
     _check_sim_flags(sim_nodes, sim_task_seconds)
+    try:
+        check_seconds("--demo-wait", demo_wait, zero=False)
+    except ValueError as exc:
+        refuse(exc)
     root = Path(work_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     settings = _settings(
@@ -325,6 +370,7 @@ def up(
         refuse(
             ValueError("tls_cert: gosched up serves plaintext on this machine; serve TLS with gosched master")
         )
+    _refuse_taken_ports(settings)
     new_store = missing_store(settings.store_path)  # before _start creates it
     started = time.monotonic()
     typer.echo(_starting(settings, config))
@@ -332,6 +378,7 @@ def up(
     note_new_store(new_store)
     target = f"127.0.0.1:{handle.grpc_port}"
     me = socket.gethostname()
+    stop = _stop_signals()  # Ctrl-C during the demo stops it all as it does after
     agent = subprocess.Popen(
         [
             sys.executable,
@@ -352,13 +399,25 @@ def up(
     )
     try:
         with Client(target, timeout=30, token_file=settings.api_token_file) as client:
-            _show_working(client, me, started)
-            if not detach_after_demo:
-                typer.echo(
-                    f"running: gRPC {target}, metrics http://localhost:{handle.http_port}/metrics; "
-                    "Ctrl-C stops it all"
-                )
-                _wait_for_signal(handle)
+            problems = _show_working(
+                client, me, started, wait_s=demo_wait, stop=stop, cancel_unfinished=detach_after_demo
+            )
+        if stop.is_set():
+            if detach_after_demo:
+                raise typer.Exit(ExitCode.INTERRUPTED)
+        elif detach_after_demo:
+            for problem in problems:
+                typer.echo(f"error: demo: {problem}", err=True)
+            if problems:
+                raise typer.Exit(ExitCode.FAILED)
+        else:
+            for problem in problems:
+                typer.echo(f"demo: {problem}")
+            typer.echo(
+                f"running: gRPC {target}, metrics http://localhost:{handle.http_port}/metrics; "
+                "Ctrl-C stops it all"
+            )
+            _wait_for_signal(handle, stop)
     finally:
         typer.echo("stopping the agent and the master")
         agent.send_signal(signal.SIGTERM)
@@ -382,55 +441,169 @@ def _starting(settings: Settings, config: str | None) -> str:
     )
 
 
-def _show_working(client: Any, me: str, started: float) -> None:
+def _show_working(
+    client: Any,
+    me: str,
+    started: float,
+    *,
+    wait_s: float = DEMO_WAIT_S,
+    stop: threading.Event | None = None,
+    cancel_unfinished: bool = False,
+) -> list[str]:
+    """The demo: the cluster, sample jobs run (a shell job on this machine, a GPU gang, GPU
+    shares), the shell job's output, and why an oversized job is pending (then cancelled).
+
+    Returns what did not go as expected, one line each: a sample job that ended other than
+    succeeded, or is still unfinished `wait_s` after its submission (left to run, or cancelled
+    with `cancel_unfinished`), an agent that did not register, a call the master refused. It
+    raises on none of them: the cluster serving matters more than its demo. Returns early, with
+    nothing, once `stop` is set (Ctrl-C)."""
+    from gosched.api.errors import GoschedError
+
+    stop = stop or threading.Event()
+    problems: list[str] = []
+    try:
+        _demo(client, me, started, wait_s, stop, cancel_unfinished, problems)
+    except GoschedError as exc:  # the master refused a call, or did not answer in time
+        problems.append(f"the demo stopped: {' '.join(str(exc).split())}")
+    return [] if stop.is_set() else problems
+
+
+def _demo(
+    client: Any,
+    me: str,
+    started: float,
+    wait_s: float,
+    stop: threading.Event,
+    cancel_unfinished: bool,
+    problems: list[str],
+) -> None:
+    from gosched.api.client import FINAL_STATES
+    from gosched.api.errors import GoschedError
     from gosched.cli.output import jobs_view, nodes_view
     from gosched.common.states import JobState
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + AGENT_WAIT_S
     while not any(n.name == me for n in client.nodes()):
         if time.monotonic() > deadline:
-            raise typer.Exit(_fail("this machine's agent did not register within 60s"))
-        time.sleep(0.2)
+            problems.append(
+                f"this machine's agent did not register within {AGENT_WAIT_S:g}s; no sample jobs run"
+            )
+            return
+        if stop.wait(0.2):
+            return
     nodes = client.nodes()
-    gpus = sum(len(n.node.gpus) for n in nodes)
-    others = len(nodes) - 1
-    typer.echo(f"\ncluster: {len(nodes)} nodes, {gpus} GPUs: this machine ({me}) and {others} simulated")
+    typer.echo("\n" + _cluster_line(nodes, me))
     typer.echo(nodes_view(nodes))
     stamp = int(time.time())
-    local = client.submit(_sample_job(f"hello-{stamp}"))
-    gang = client.submit(
-        {
-            "id": f"train-{stamp}",
-            "replicas": 4,
-            "min_member": 4,
-            "gpus": 2,
-            "cpu": "8",
-            "memory": "32Gi",
-            "command": ["python", "train.py"],
-        }
-    )
-    shares = client.submit(
-        {
-            "id": f"notebooks-{stamp}",
-            "replicas": 6,
-            "gpus": "0.25",
-            "cpu": "2",
-            "memory": "8Gi",
-            "command": ["jupyter", "lab"],
-        }
-    )
-    too_big = client.submit({"id": f"too-big-{stamp}", "gpus": 16, "cpu": "1", "command": ["true"]})
-    infos = [client.wait(job_id, timeout=60) for job_id in (local, gang, shares)]
-    typer.echo("\njobs:")
-    typer.echo(jobs_view([*infos, client.get(too_big)]))
-    for info in infos:
-        if info.state is not JobState.SUCCEEDED:
-            raise typer.Exit(_fail(f"job {info.id} ended {info.state.value}: {client.explain(info.id)}"))
-    out = b"".join(client.logs(local, 0)).decode(errors="replace").strip()
-    typer.echo(f"\noutput of {local} (ran on this machine by its agent):\n  " + out.replace("\n", "\n  "))
-    typer.echo(f"\nwhy {too_big} is pending:\n  " + client.explain(too_big).replace("\n", "\n  "))
-    client.cancel(too_big)
-    typer.echo(f"\nup and working in {time.monotonic() - started:.1f}s")
+    too_big = ""
+    try:
+        local = client.submit(_sample_job(f"hello-{stamp}"))
+        gang = client.submit(
+            {
+                "id": f"train-{stamp}",
+                "replicas": 4,
+                "min_member": 4,
+                "gpus": 2,
+                "cpu": "8",
+                "memory": "32Gi",
+                "command": ["python", "train.py"],
+            }
+        )
+        shares = client.submit(
+            {
+                "id": f"notebooks-{stamp}",
+                "replicas": 6,
+                "gpus": "0.25",
+                "cpu": "2",
+                "memory": "8Gi",
+                "command": ["jupyter", "lab"],
+            }
+        )
+        too_big = client.submit({"id": f"too-big-{stamp}", "gpus": 16, "cpu": "1", "command": ["true"]})
+        # One deadline for all three, polled: Ctrl-C is seen within a quarter second.
+        ids = (local, gang, shares)
+        ends = time.monotonic() + wait_s
+        infos = [client.get(job_id) for job_id in ids]
+        while not all(info.state in FINAL_STATES for info in infos) and time.monotonic() < ends:
+            if stop.wait(0.25):
+                return
+            infos = [client.get(job_id) for job_id in ids]
+        big = client.get(too_big)
+        typer.echo("\njobs:")
+        typer.echo(jobs_view([*infos, big]))
+        for info in infos:
+            if info.state is JobState.SUCCEEDED:
+                continue
+            why = _one_line(client.explain(info.id))
+            if info.state in FINAL_STATES:
+                problems.append(
+                    f"sample job {info.id} ended {info.state.value}" + (f": {why}" if why else "")
+                )
+                continue
+            left = f"left to run (gosched cancel {info.id} stops it)"
+            if cancel_unfinished:
+                with contextlib.suppress(GoschedError):  # ended meanwhile
+                    client.cancel(info.id)
+                left = "cancelled"
+            problems.append(
+                f"sample job {info.id} still {info.state.value} after {wait_s:g}s"
+                + (f" ({why})" if why else "")
+                + f"; {left}"
+            )
+        if infos[0].state is JobState.SUCCEEDED:
+            out = b"".join(client.logs(local, 0)).decode(errors="replace").strip()
+            typer.echo(
+                f"\noutput of {local} (ran on this machine by its agent):\n  " + out.replace("\n", "\n  ")
+            )
+        if big.state is JobState.PENDING:
+            typer.echo(f"\nwhy {too_big} is pending:\n  " + client.explain(too_big).replace("\n", "\n  "))
+        else:
+            problems.append(f"sample job {too_big} is {big.state.value}, not pending as it should be")
+    finally:
+        if too_big:  # it could never run: nothing of it outlives the demo
+            with contextlib.suppress(GoschedError):  # ended already, or the master is gone
+                client.cancel(too_big)
+    if not problems:
+        typer.echo(f"\nup and working in {time.monotonic() - started:.1f}s")
+    else:
+        typer.echo(f"\nup in {time.monotonic() - started:.1f}s; the demo did not go as expected:")
+
+
+def _cluster_line(nodes: list[Any], me: str) -> str:
+    """The cluster on one line, "cluster: 18 nodes, 32 GPUs: this machine (vm), 1 other agent node
+    and 16 simulated": the nodes an agent registered (AGENT_LABEL) apart from the simulated ones,
+    and from those registered otherwise (through the ClusterService), which neither runs."""
+    from gosched.common.node import AGENT_LABEL, NodeState
+
+    agents = [n for n in nodes if n.name != me and AGENT_LABEL in n.node.label_dict()]
+    simulated = sum(1 for n in nodes if n.name != me and n.simulated)
+    others = len(nodes) - 1 - len(agents) - simulated
+    gone = sum(1 for n in agents if n.node.state is NodeState.NOT_READY)
+    parts = [f"this machine ({me})"]
+    if agents:
+        parts.append(_count(len(agents), "other agent node") + (f" ({gone} not ready)" if gone else ""))
+    if simulated:
+        parts.append(f"{simulated} simulated")
+    if others:
+        parts.append(_count(others, "other node") + " (registered without an agent)")
+    named = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    gpus = sum(len(n.node.gpus) for n in nodes)
+    return f"cluster: {_count(len(nodes), 'node')}, {_count(gpus, 'GPU')}: {named}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _one_line(text: str) -> str:
+    """A job's explanation on one line: its "last unschedulable" reason if it has one, else its
+    lines after the first (the job's summary, which the jobs table shows) joined."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("last unschedulable: "):
+            return line.removeprefix("last unschedulable: ")
+    return "; ".join(lines[1:] if len(lines) > 1 else lines)
 
 
 def _sample_job(job_id: str) -> dict[str, Any]:
