@@ -166,9 +166,15 @@ class Pricer:
     - a task of another queue with a floor (quota_of) is a victim only while its queue keeps
       the floor in some resource, gang breaks included: no preemption takes a queue below its
       guarantee, whoever preempts and whatever the priority;
-    - a task of the unit's own queue, likewise, counting the task placed in its stead, unless the
-      queue was below its floor already: a queue that swapped itself below its guarantee would
-      then reclaim from the others, whose higher-priority tasks preempt it back, for ever.
+    - a task of the unit's own queue is no other queue's loss: its guarantee protects it from
+      other queues' preemptors, not from its own higher-priority jobs. Only the swap itself is
+      judged: the victims the task displaces, traded for the task (and the unit's tasks placed
+      before it), must leave the queue its floor in some resource, unless it was below already:
+      a queue that traded itself below its guarantee (a CPU task for a GPU one) would then
+      reclaim from the others, whose higher-priority tasks preempt it back, for ever. The rest
+      of a gang the victims break is not counted there: that is the gang's all-or-nothing rule,
+      not a trade, and the gang requeued whole cannot reclaim (the queue with it back and the
+      task in would be past its floor again).
     """
 
     __slots__ = (
@@ -251,10 +257,15 @@ class Pricer:
         if self._taken is None:
             self._taken = {}
             for vs in self.done.values():
-                if self.floored(vs[0]):
-                    acc = self._taken.setdefault(vs[0].queue, [0, 0, 0, 0])
-                    for i, x in enumerate(self._removed(vs[0], vs)):
-                        acc[i] += x
+                first = vs[0]
+                if self.floored(first):
+                    acc = self._taken.setdefault(first.queue, [0, 0, 0, 0])
+                    if first.queue == self.own_queue:
+                        for v in vs:  # as price(): the swaps, not the gangs they break
+                            _add(acc, v)
+                    else:
+                        for i, x in enumerate(self._removed(first, vs)):
+                            acc[i] += x
         return self._taken.get(queue, [0, 0, 0, 0])
 
     def _may_come_back(self, job: str, evicting: AbstractSet[str]) -> bool:
@@ -302,8 +313,12 @@ class Pricer:
             lost_priority += n * first.priority
             if self.floored(first):
                 acc = more.setdefault(first.queue, [0, 0, 0, 0])
-                for i in range(4):
-                    acc[i] += after[i] - before[i]
+                if first.queue == self.own_queue:
+                    for v in vs:  # the swap itself, not the rest of a gang it breaks
+                        _add(acc, v)
+                else:
+                    for i in range(4):
+                        acc[i] += after[i] - before[i]
         for queue, extra in more.items():
             held = self.census().queue(queue) or [0, 0, 0, 0]
             prior_taken = self._taken_before(queue)
@@ -316,7 +331,12 @@ class Pricer:
                 # census was taken (the view it counted had not seen them).
                 left = [x + a + p for x, a, p in zip(left, self.adds, self._placed_since(), strict=True)]
             if not floor_kept(left, floor):
-                self.refused = f"queue {queue}'s guarantee"
+                if queue == self.own_queue:
+                    self.refused = (
+                        f"its own queue {queue}'s guarantee (the swap would leave {queue} below it)"
+                    )
+                else:
+                    self.refused = f"queue {queue}'s guarantee"
                 return None  # the queue would fall below its guarantee
         return lost, lost_priority
 
