@@ -526,6 +526,7 @@ class TaskTable:
         rec.restart_at = None
         rec.restarts += 1
         rec.started_at = time.monotonic()
+        starts = [_size(stream.path) for stream in rec.logs.streams]  # the process before is over
         why = self._spawn(rec)
         if why is not None:
             self._schedule_restart(rec, why)
@@ -534,5 +535,13 @@ class TaskTable:
         status = task_status(rec.task_id, RUNNING, rec.restart_code, rec.restart_why)
         status.restarts = rec.restarts
         status.last_exit_time = rec.restart_time
+        status.stdout_start, status.stderr_start = starts
         self.report(status)
         self.echo(f"{rec.task_id} restarted after {rec.restart_why} (restart {rec.restarts})")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except (OSError, ValueError):  # none yet (the process wrote nothing)
+        return 0

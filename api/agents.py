@@ -357,6 +357,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
     def _on_status(self, session: AgentSession, status: Any) -> None:
         state = convert.task_state_from_proto(status.state)
         tid, node = status.task_id, session.node
+        restarted = False
         with self._lock:
             r = self._reports
             if state is TaskState.RUNNING:
@@ -366,6 +367,7 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                         why = status.message or f"exit code {status.exit_code}"
                         run, at = session.sent[tid], status.last_exit_time
                         r.restarts.append(_Restart(node, tid, run, status.restarts, why, at))
+                        restarted = True
             elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
                 session.uses.pop(tid, None)
                 if session.killing.pop(tid, None) is not None:
@@ -378,7 +380,17 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                     if state is TaskState.FAILED:
                         why = status.message or f"exit code {status.exit_code}"
                         r.failures[tid] = f"{why} (on {node})"
+        if restarted:  # in the stream's order: the chunks before are the process before's
+            self._mark_restart(session, status)
         self.service._wake.set()
+
+    def _mark_restart(self, session: AgentSession, status: Any) -> None:
+        tid = status.task_id
+        with self._log_lock(tid):
+            with self._owners_lock:
+                owner = self._log_owner.get(tid, session.node)
+            if owner == session.node:  # as a chunk's: an older run's, elsewhere, changes nothing
+                self.logs.mark_restart(tid, {"stdout": status.stdout_start, "stderr": status.stderr_start})
 
     # -- the tick (scheduling thread, service lock held) -------------------------------------------------
     def tick(self, control: ControlPlane) -> bool:

@@ -5,8 +5,15 @@ Writing at the chunk's offset (not appending) makes a chunk that is sent twice (
 reconnects and resends) harmless. Readers that follow a task wait on one condition that every
 write notifies. A task run again (a retry, a reschedule) starts its output afresh; the run before
 is kept beside it, as `kubectl logs --previous` shows the container's last run, and only that one.
+
+A service whose agent restarted its process within one run keeps appending to the same file (the
+agent's offsets go on): each restart marks where the new process's output starts
+(`mark_restart`), kept in a small file beside the logs. The current run is then read from the
+latest mark, and the previous from the mark before it, as `kubectl logs` separates a crash-looping
+container's runs. Offsets given to `read` count from the start of the run read.
 """
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -14,6 +21,7 @@ from urllib.parse import quote
 
 STREAMS = ("stdout", "stderr")
 PREVIOUS_SUFFIX = ".previous"  # the run before the current one (see LogStore.reset)
+RESTARTS_SUFFIX = ".restarts"  # where a restarted process's output starts (see mark_restart)
 READ_CHUNK = 64 * 1024
 
 
@@ -23,6 +31,39 @@ class LogStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._written = threading.Condition()
         self.generation = 0  # bumped on every write
+
+    def _marks_path(self, task_id: str) -> Path:
+        return self.root / f"{quote(task_id, safe='')}{RESTARTS_SUFFIX}"
+
+    def _marks(self, task_id: str) -> dict[str, list[int]]:
+        """Per stream, [where the previous process's output starts, where the current's does],
+        for a task restarted within its run; {} for none."""
+        try:
+            marks = json.loads(self._marks_path(task_id).read_text())
+        except (OSError, ValueError):  # none (no restart), or a torn write: read the run whole
+            return {}
+        return marks if isinstance(marks, dict) else {}
+
+    def mark_restart(self, task_id: str, starts: dict[str, int]) -> None:
+        """The task's process was restarted within its run (a service's, by its agent): its new
+        output starts at these offsets of the files (per stream). A mark at or before the latest
+        one (a status sent again) changes nothing."""
+        marks = self._marks(task_id)
+        changed = False
+        for stream, start in starts.items():
+            if stream not in STREAMS:
+                continue
+            prev = marks.get(stream, [0, 0])
+            if start > prev[1]:
+                marks[stream] = [prev[1], start]
+                changed = True
+        if changed:
+            tmp = self._marks_path(task_id).with_name(self._marks_path(task_id).name + ".tmp")
+            tmp.write_text(json.dumps(marks))
+            tmp.replace(self._marks_path(task_id))
+            with self._written:
+                self.generation += 1
+                self._written.notify_all()
 
     def path(self, task_id: str, stream: str, previous: bool = False) -> Path:
         if stream not in STREAMS:
@@ -46,6 +87,18 @@ class LogStore:
         streams, in place of the one before (a run that wrote nothing leaves the previous as it
         was; one that wrote one stream leaves the other empty, not the run before's)."""
         current = [self.path(task_id, stream) for stream in STREAMS]
+        marks = self._marks(task_id)
+        self._marks_path(task_id).unlink(missing_ok=True)
+        if marks and any(path.exists() for path in current):  # only the last process's output
+            for stream, path in zip(STREAMS, current, strict=True):
+                start = marks.get(stream, [0, 0])[1]
+                if start and path.exists():
+                    with open(path, "rb") as f:
+                        f.seek(start)
+                        tail = f.read()
+                    tmp = path.with_name(path.name + ".tmp")
+                    tmp.write_bytes(tail)
+                    tmp.replace(path)
         if any(path.exists() for path in current):
             for stream, path in zip(STREAMS, current, strict=True):
                 previous = self.path(task_id, stream, previous=True)
@@ -58,22 +111,50 @@ class LogStore:
             self._written.notify_all()
 
     def size(self, task_id: str, stream: str, previous: bool = False) -> int:
-        """How many bytes of the stream are held (0: none yet)."""
+        """How many bytes of the stream's file are held (0: none yet), restarts' output and all:
+        the offsets an agent ships at."""
         try:
             return self.path(task_id, stream, previous).stat().st_size
         except FileNotFoundError:
             return 0
 
+    def run_start(self, task_id: str, stream: str) -> int:
+        """Where the current process's output starts in the stream's file (0 but after a restart)."""
+        marks = self._marks(task_id).get(stream)
+        return marks[1] if marks else 0
+
     def read(
-        self, task_id: str, stream: str, offset: int, limit: int = READ_CHUNK, previous: bool = False
+        self,
+        task_id: str,
+        stream: str,
+        offset: int,
+        limit: int = READ_CHUNK,
+        previous: bool = False,
+        *,
+        in_file: bool = False,
     ) -> bytes:
+        """Up to `limit` bytes of the current run's output (or the previous run's), from `offset`
+        in it. A task restarted within its run: its current process's output, and as the
+        previous, the process's before; otherwise the current file and the one reset kept.
+        `in_file`: `offset` is in the current file, whatever its restarts (a follower's, which
+        goes on into the next process's output)."""
+        start, end = 0, None
+        marks = None if in_file else self._marks(task_id).get(stream)
+        if marks:
+            start, end = (marks[0], marks[1]) if previous else (marks[1], None)
+            previous = False  # both are parts of the current file
         path = self.path(task_id, stream, previous)
         if not path.exists():
             return b""
+        at = start + offset
+        if end is not None:
+            limit = min(limit, end - at)
+            if limit <= 0:
+                return b""
         with open(path, "rb") as f:
-            if offset >= os.fstat(f.fileno()).st_size:
+            if at >= os.fstat(f.fileno()).st_size:
                 return b""  # nothing past the end yet; seeking far past it fails (EINVAL)
-            f.seek(offset)
+            f.seek(at)
             return f.read(limit)
 
     def wait(self, seen_generation: int, timeout: float) -> int:

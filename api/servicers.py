@@ -275,10 +275,13 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.LogsRequest, tid: str, stream: str, context: Any
     ) -> Iterator[pb.LogChunk]:
         offset = request.offset
+        # From the current process's output on (a service's restarts within the run: the earlier
+        # processes' are the previous run's); a follower goes on into the next ones' as they come.
+        base = self.logs.run_start(tid, stream)
         placed = False  # a pending task has not run yet: following waits for it to be placed
         while context.is_active():
             seen = self.logs.generation
-            data = self.logs.read(tid, stream, offset)
+            data = self.logs.read(tid, stream, base + offset, in_file=True)
             if data:
                 yield pb.LogChunk(task_id=tid, stream=stream, offset=offset, data=data)
                 offset += len(data)
@@ -291,7 +294,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             task = self.service.get(request.job_id).tasks[request.task_index]
             placed = placed or task.state not in (TaskState.PENDING, TaskState.SCHEDULED)
             if task.state in TERMINAL or (placed and task.state in TASK_ENDED):
-                if self.logs.read(tid, stream, offset, 1):
+                if self.logs.read(tid, stream, base + offset, 1, in_file=True):
                     continue
                 if not self.stopping(tid):
                     return

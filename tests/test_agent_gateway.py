@@ -694,3 +694,46 @@ def test_a_registration_naming_a_built_in_resource_as_extended_is_refused(master
     assert "built-in resource" in (caught.value.details() or "")
     with Client(master.target, timeout=10) as client:
         assert "odd" not in {n.node.name for n in client.nodes()}
+
+
+def test_a_restarted_services_logs_show_its_current_process_and_previous_the_last(tmp_path: Path) -> None:
+    """A real agent restarts a crash-looping service within its run: `logs` shows the current
+    process's output alone, `logs --previous` the process's before (as `kubectl logs` and
+    `--previous` do for a restarted container), the stream order marking where each starts; and
+    once the task is placed anew, the previous run is the last process of the old run."""
+    master = start_master(tmp_path / "g.db", node_timeout_s=10.0)
+    proc = agent_program(master.target, "svc", tmp_path / "agent")
+    try:
+        with Client(master.target, timeout=10) as client:
+            wait_for("the agent", lambda: connected(client, "svc"))
+            command = [
+                'n=$(cat "$HOME/n" 2>/dev/null || echo 0); echo $((n+1)) > "$HOME/n"; echo "run $n"; exit 1'
+            ]
+            env = {"HOME": str(tmp_path)}
+            job = client.submit({"id": "cl", "kind": "service", "cpu": "1", "command": command, "env": env})
+
+            def text(previous: bool = False) -> str:
+                return b"".join(client.logs(job, previous=previous)).decode()
+
+            def runs(at_least: int) -> Callable[[], object]:
+                return lambda: client.get(job).tasks[0].restarts >= at_least and text().strip()
+
+            wait_for("two restarts", runs(2), timeout=30)
+            restarts = client.get(job).tasks[0].restarts
+            current, previous = text(), text(previous=True)
+            # each is one process's line: the counter tells which (a restart may come in between)
+            assert re.fullmatch(r"run \d+\n", current), current
+            assert re.fullmatch(r"run \d+\n", previous), previous
+            assert int(previous.split()[1]) == int(current.split()[1]) - 1
+            assert int(current.split()[1]) >= restarts - 1
+            tid = client.get(job).tasks[0].id
+            with master.service.lock:  # placed anew: the old run's last process is the previous
+                master.service.control.lost([tid])
+            wait_for("the new run's output", lambda: client.get(job).tasks[0].restarts >= 1 and text())
+            before = text(previous=True)
+            assert re.fullmatch(r"run \d+\n", before), before
+            client.cancel(job)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
+        master.stop()
