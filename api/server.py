@@ -209,7 +209,8 @@ class PortUnavailable(OSError):
         self.kind = kind
 
 
-def _why(exc: OSError) -> str:
+def os_error_reason(exc: OSError) -> str:
+    """Why a bind failed, in words a user acts on (a taken port, not "Address already in use")."""
     if exc.errno == errno.EADDRINUSE:
         return "the port is taken (another master?)"
     if exc.errno == errno.EADDRNOTAVAIL:
@@ -219,7 +220,7 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def _bind_error(host: str, port: int) -> OSError | None:
+def bind_error(host: str, port: int) -> OSError | None:
     """Why gRPC could not listen on host:port, found by binding a socket as gRPC binds its own
     (SO_REUSEADDR, no SO_REUSEPORT; a wildcard host dual-stack on [::], else on 0.0.0.0; any one
     resolved address will do), or None. Asked first because gRPC's own failure also writes its C
@@ -257,9 +258,9 @@ def _listen(
 ) -> int:
     """Bind the gRPC port (TLS with `credentials`); PortUnavailable naming it if it is taken (gRPC
     itself raises RuntimeError)."""
-    refused = _bind_error(host, port)
+    refused = bind_error(host, port)
     if refused is not None:
-        raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {_why(refused)}")
+        raise PortUnavailable("grpc", f"cannot listen on {host}:{port}: {os_error_reason(refused)}")
     address = f"{host}:{port}"
     try:
         if credentials is None:
@@ -414,7 +415,7 @@ def serve(
                 http_server = ThreadingHTTPServer((http_host, http_port), http_handler(service, metrics))
             except OSError as exc:  # name the port: "Address already in use" alone does not
                 raise PortUnavailable(
-                    "http", f"cannot serve HTTP on {http_host}:{http_port}: {_why(exc)}"
+                    "http", f"cannot serve HTTP on {http_host}:{http_port}: {os_error_reason(exc)}"
                 ) from exc
             http_server.daemon_threads = True
 

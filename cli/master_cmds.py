@@ -226,11 +226,12 @@ def _refuse_taken_ports(settings: Settings) -> None:
     """Refuse a port that is taken (another `up` or master) before anything starts, as serve()
     refuses it: `up` says "starting Ray ..." first, and a local Ray takes seconds. Only a first
     look: serve() binds the ports and decides, so a port taken in between fails there, alike."""
-    from gosched.api.server import PortUnavailable, _bind_error, _why
+    from gosched.api.server import PortUnavailable, bind_error
+    from gosched.api.server import os_error_reason as why
 
-    refused = _bind_error("[::]", settings.grpc_port)  # serve()'s host; the probe gRPC's bind makes
+    refused = bind_error("[::]", settings.grpc_port)  # serve()'s host; the probe gRPC's bind makes
     if refused is not None:
-        exc = PortUnavailable("grpc", f"cannot listen on [::]:{settings.grpc_port}: {_why(refused)}")
+        exc = PortUnavailable("grpc", f"cannot listen on [::]:{settings.grpc_port}: {why(refused)}")
         raise typer.Exit(_port_refused(exc))
     if settings.http_port:
         try:  # as ThreadingHTTPServer binds it: SO_REUSEADDR, IPv4 on every address
@@ -239,7 +240,7 @@ def _refuse_taken_ports(settings: Settings) -> None:
                 probe.bind(("0.0.0.0", settings.http_port))
                 probe.listen()
         except OSError as error:
-            exc = PortUnavailable("http", f"cannot serve HTTP on 0.0.0.0:{settings.http_port}: {_why(error)}")
+            exc = PortUnavailable("http", f"cannot serve HTTP on 0.0.0.0:{settings.http_port}: {why(error)}")
             raise typer.Exit(_port_refused(exc)) from error
 
 
