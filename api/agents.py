@@ -390,7 +390,8 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             with self._owners_lock:
                 owner = self._log_owner.get(tid, session.node)
             if owner == session.node:  # as a chunk's: an older run's, elsewhere, changes nothing
-                self.logs.mark_restart(tid, {"stdout": status.stdout_start, "stderr": status.stderr_start})
+                starts = {"stdout": status.stdout_start, "stderr": status.stderr_start}
+                self.logs.mark_restart(tid, status.restarts, starts)
 
     # -- the tick (scheduling thread, service lock held) -------------------------------------------------
     def tick(self, control: ControlPlane) -> bool:

@@ -17,6 +17,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 STREAMS = ("stdout", "stderr")
@@ -32,38 +33,41 @@ class LogStore:
         self._written = threading.Condition()
         self.generation = 0  # bumped on every write
 
-    def _marks_path(self, task_id: str) -> Path:
-        return self.root / f"{quote(task_id, safe='')}{RESTARTS_SUFFIX}"
+    def _marks_path(self, task_id: str, previous: bool = False) -> Path:
+        return self.root / f"{quote(task_id, safe='')}{RESTARTS_SUFFIX}{PREVIOUS_SUFFIX if previous else ''}"
 
-    def _marks(self, task_id: str) -> dict[str, list[int]]:
-        """Per stream, [where the previous process's output starts, where the current's does],
-        for a task restarted within its run; {} for none."""
+    def _marks(self, task_id: str, previous: bool = False) -> dict[str, Any]:
+        """The current run's restarts: {"n": the latest restart's count, stream: [where the
+        previous process's output starts, where the current's does]}; {} for none. `previous`:
+        {stream: [where the previous run's last process's output starts, 0]} (see reset)."""
         try:
-            marks = json.loads(self._marks_path(task_id).read_text())
+            marks = json.loads(self._marks_path(task_id, previous).read_text())
         except (OSError, ValueError):  # none (no restart), or a torn write: read the run whole
             return {}
         return marks if isinstance(marks, dict) else {}
 
-    def mark_restart(self, task_id: str, starts: dict[str, int]) -> None:
-        """The task's process was restarted within its run (a service's, by its agent): its new
-        output starts at these offsets of the files (per stream). A mark at or before the latest
-        one (a status sent again) changes nothing."""
+    def _write_marks(self, task_id: str, marks: dict[str, Any], previous: bool = False) -> None:
+        path = self._marks_path(task_id, previous)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(marks))
+        tmp.replace(path)
+
+    def mark_restart(self, task_id: str, restarts: int, starts: dict[str, int]) -> None:
+        """The task's process was restarted within its run (a service's, by its agent), for the
+        `restarts`-th time: its new output starts at these offsets of the files (per stream;
+        equal to the last mark where the process before wrote nothing there). A restart counted
+        no later than the latest mark (a status sent again) changes nothing."""
         marks = self._marks(task_id)
-        changed = False
-        for stream, start in starts.items():
-            if stream not in STREAMS:
-                continue
-            prev = marks.get(stream, [0, 0])
-            if start > prev[1]:
-                marks[stream] = [prev[1], start]
-                changed = True
-        if changed:
-            tmp = self._marks_path(task_id).with_name(self._marks_path(task_id).name + ".tmp")
-            tmp.write_text(json.dumps(marks))
-            tmp.replace(self._marks_path(task_id))
-            with self._written:
-                self.generation += 1
-                self._written.notify_all()
+        if restarts <= int(marks.get("n", 0)):
+            return
+        out: dict[str, Any] = {"n": restarts}
+        for stream in STREAMS:
+            current = marks.get(stream, [0, 0])[1]
+            out[stream] = [current, max(current, int(starts.get(stream, current)))]
+        self._write_marks(task_id, out)
+        with self._written:
+            self.generation += 1
+            self._written.notify_all()
 
     def path(self, task_id: str, stream: str, previous: bool = False) -> Path:
         if stream not in STREAMS:
@@ -88,24 +92,24 @@ class LogStore:
         was; one that wrote one stream leaves the other empty, not the run before's)."""
         current = [self.path(task_id, stream) for stream in STREAMS]
         marks = self._marks(task_id)
-        self._marks_path(task_id).unlink(missing_ok=True)
-        if marks and any(path.exists() for path in current):  # only the last process's output
-            for stream, path in zip(STREAMS, current, strict=True):
-                start = marks.get(stream, [0, 0])[1]
-                if start and path.exists():
-                    with open(path, "rb") as f:
-                        f.seek(start)
-                        tail = f.read()
-                    tmp = path.with_name(path.name + ".tmp")
-                    tmp.write_bytes(tail)
-                    tmp.replace(path)
         if any(path.exists() for path in current):
+            # Of a run its agent restarted, the previous is its last process's output: where it
+            # starts is kept beside the file (no copy of a long log), written before the current
+            # marks go, which go before the files move (a crash in between shows more, not less).
+            starts = {stream: [marks[stream][1], 0] for stream in STREAMS if stream in marks}
+            if starts:
+                self._write_marks(task_id, starts, previous=True)
+            else:
+                self._marks_path(task_id, previous=True).unlink(missing_ok=True)
+            self._marks_path(task_id).unlink(missing_ok=True)
             for stream, path in zip(STREAMS, current, strict=True):
                 previous = self.path(task_id, stream, previous=True)
                 if path.exists():
                     path.replace(previous)
                 else:
                     previous.unlink(missing_ok=True)
+        else:
+            self._marks_path(task_id).unlink(missing_ok=True)
         with self._written:
             self.generation += 1
             self._written.notify_all()
@@ -121,7 +125,7 @@ class LogStore:
     def run_start(self, task_id: str, stream: str) -> int:
         """Where the current process's output starts in the stream's file (0 but after a restart)."""
         marks = self._marks(task_id).get(stream)
-        return marks[1] if marks else 0
+        return int(marks[1]) if marks else 0
 
     def read(
         self,
@@ -143,6 +147,8 @@ class LogStore:
         if marks:
             start, end = (marks[0], marks[1]) if previous else (marks[1], None)
             previous = False  # both are parts of the current file
+        elif previous and not in_file:  # the previous run's last process, if its agent restarted it
+            start = self._marks(task_id, previous=True).get(stream, [0, 0])[0]
         path = self.path(task_id, stream, previous)
         if not path.exists():
             return b""
