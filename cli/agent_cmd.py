@@ -3,6 +3,9 @@ bound to it. A secured master: --tls-ca, --tls-cert/--tls-key (mutual TLS), --to
 token); flags only, no env (GOSCHED_TOKEN is a client's API token). --extended advertises countable
 resources the agent cannot find itself (FPGAs, RDMA adapters): jobs ask for them under `extended`."""
 
+import contextlib
+import ctypes
+import os
 import signal
 from collections.abc import Callable
 from types import FrameType
@@ -176,6 +179,14 @@ def register(app: typer.Typer) -> None:
                 " master's node timeout (node_timeout_s); drain a node before taking it away.",
             ),
         ] = False,
+        stop_with_parent: Annotated[
+            bool,
+            typer.Option(
+                "--stop-with-parent",
+                hidden=True,  # gosched up's: its agent goes when up goes, however up ends
+                help="Stop (as on SIGTERM) when the process that started this agent ends.",
+            ),
+        ] = False,
         runtime_probe: Annotated[
             float,
             typer.Option(
@@ -262,9 +273,25 @@ def register(app: typer.Typer) -> None:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if stop_with_parent:
+            _stop_with_parent()
         try:
             runner.run()
         except WorkDirBusy as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(ExitCode.FAILED) from exc
         typer.echo("agent stopped")
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _stop_with_parent() -> None:
+    """SIGTERM this process when its parent ends: `gosched up`'s agent, so that an `up` killed
+    (SIGKILL, OOM) does not leave it retrying for ever against a master that is gone. The kernel
+    sends it (Linux); a parent gone before it was asked for is found by the ppid."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent or parent == 1:
+        os.kill(os.getpid(), signal.SIGTERM)

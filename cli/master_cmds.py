@@ -392,6 +392,7 @@ def up(
             me,
             "--work-dir",
             str(root / "agent"),
+            "--stop-with-parent",  # an `up` that dies takes it along, however it dies
             *(["--token-file", settings.agent_token_file] if settings.agent_token_file else []),
         ],
         stdout=subprocess.DEVNULL if detach_after_demo else None,
@@ -470,6 +471,32 @@ def _show_working(
     return [] if stop.is_set() else problems
 
 
+def _submit_gpu_samples(client: Any, stamp: int) -> tuple[str, str]:
+    """The demo's GPU jobs: a gang of 4 tasks of 2 GPUs each, and 6 notebooks of a quarter GPU."""
+    gang = client.submit(
+        {
+            "id": f"train-{stamp}",
+            "replicas": 4,
+            "min_member": 4,
+            "gpus": 2,
+            "cpu": "8",
+            "memory": "32Gi",
+            "command": ["python", "train.py"],
+        }
+    )
+    shares = client.submit(
+        {
+            "id": f"notebooks-{stamp}",
+            "replicas": 6,
+            "gpus": "0.25",
+            "cpu": "2",
+            "memory": "8Gi",
+            "command": ["jupyter", "lab"],
+        }
+    )
+    return gang, shares
+
+
 def _demo(
     client: Any,
     me: str,
@@ -498,32 +525,16 @@ def _demo(
     typer.echo(nodes_view(nodes))
     stamp = int(time.time())
     too_big = ""
+    gpus = any(info.node.gpus for info in nodes)
+    if not gpus:  # they could never run: waiting for them would only end the demo in a failure
+        typer.echo("no GPUs in the cluster: the GPU sample jobs (a gang, GPU shares) are left out")
     try:
         local = client.submit(_sample_job(f"hello-{stamp}"))
-        gang = client.submit(
-            {
-                "id": f"train-{stamp}",
-                "replicas": 4,
-                "min_member": 4,
-                "gpus": 2,
-                "cpu": "8",
-                "memory": "32Gi",
-                "command": ["python", "train.py"],
-            }
-        )
-        shares = client.submit(
-            {
-                "id": f"notebooks-{stamp}",
-                "replicas": 6,
-                "gpus": "0.25",
-                "cpu": "2",
-                "memory": "8Gi",
-                "command": ["jupyter", "lab"],
-            }
-        )
+        ids: tuple[str, ...] = (local,)
+        if gpus:
+            ids += _submit_gpu_samples(client, stamp)
         too_big = client.submit({"id": f"too-big-{stamp}", "gpus": 16, "cpu": "1", "command": ["true"]})
-        # One deadline for all three, polled: Ctrl-C is seen within a quarter second.
-        ids = (local, gang, shares)
+        # One deadline for all, polled: Ctrl-C is seen within a quarter second.
         ends = time.monotonic() + wait_s
         infos = [client.get(job_id) for job_id in ids]
         while not all(info.state in FINAL_STATES for info in infos) and time.monotonic() < ends:

@@ -12,6 +12,8 @@ import logging
 import math
 import os
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,38 @@ log = logging.getLogger(__name__)
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
 
 
+_NULL_WORDS = frozenset({"null", "none", "~"})
+
+
+def _number_kinds(annotation: Any) -> tuple[bool, bool]:
+    """(whether a field of this annotation takes a number and no boolean, whether it takes None)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else ()
+    kinds = set(args or (annotation,))
+    takes_none = type(None) in kinds
+    kinds.discard(type(None))
+    return bool(kinds) and kinds <= {int, float}, takes_none
+
+
+class _Strict(BaseModel):
+    """What pydantic's lax mode would take and no one means: a boolean for a number (`true` read
+    as 1: a TTL of a second), and, from the environment, where None is allowed, no way to say it
+    (GOSCHED_FINISHED_JOB_TTL_S=null was "not a number"): "null", "none" and "~" are None there."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        number, takes_none = _number_kinds(field.annotation)
+        if takes_none and isinstance(value, str) and value.strip().lower() in _NULL_WORDS:
+            return None
+        if number and isinstance(value, bool):
+            raise ValueError(f"must be a number, not a boolean ({str(value).lower()})")
+        return value
+
+
 class QueuePolicy(enum.StrEnum):
     FIFO = "fifo"
     PRIORITY = "priority"  # priority with aging
@@ -36,7 +70,7 @@ class QueuePolicy(enum.StrEnum):
     DEADLINE = "deadline"  # earliest latest start (deadline less time_limit), then earliest deadline
 
 
-class QueueConfig(BaseModel):
+class QueueConfig(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
@@ -79,7 +113,7 @@ class QueueConfig(BaseModel):
         return v
 
 
-class AdmissionConfig(BaseModel):
+class AdmissionConfig(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_pending_jobs: int = Field(default=1_000_000, ge=1)
@@ -91,7 +125,7 @@ class AdmissionConfig(BaseModel):
     tenant_burst: int = Field(default=1_000_000, ge=1)
 
 
-class PluginWeight(BaseModel):
+class PluginWeight(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
@@ -124,7 +158,7 @@ DEFAULT_SCORES = [
 ]
 
 
-class ProfileConfig(BaseModel):
+class ProfileConfig(_Strict):
     """A shard profile: plugins as plain lists of names (and weights for scores)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -153,7 +187,7 @@ MINIMAL_PROFILE = ProfileConfig(
 )
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, _Strict):
     """Everything configurable. Sources, lowest first: defaults, YAML file, env (GOSCHED_*), flags."""
 
     model_config = SettingsConfigDict(

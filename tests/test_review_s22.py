@@ -97,3 +97,34 @@ def test_status_counts_a_running_job_with_a_waiting_task_among_those_waiting_for
     assert re.search(
         r"^Jobs:\s+1 not ended: 1 with tasks waiting for a place, 0 all placed", status.stdout, re.M
     )
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("finished_job_ttl_s: true\n", "finished_job_ttl_s"),  # read as 1: every old job purged
+        ("shards: true\n", "shards"),
+        ("heartbeat_interval_s: false\n", "heartbeat_interval_s"),
+        ("queues:\n  - {name: default, guarantee: true}\n", "queues[0].guarantee"),
+        ("admission:\n  max_pending_jobs: true\n", "admission.max_pending_jobs"),
+    ],
+)
+def test_a_boolean_for_a_number_is_refused_naming_the_field(
+    tmp_path: Path, yaml_text: str, field: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml_text)
+    result = CliRunner().invoke(app, ["config", "show", "-c", str(config)])
+    assert result.exit_code == 2, result.output
+    assert f"{field}: must be a number, not a boolean" in result.output
+
+
+def test_null_from_the_environment_turns_an_optional_setting_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GOSCHED_FINISHED_JOB_TTL_S=null keeps every job, as `finished_job_ttl_s: null` in the file."""
+    monkeypatch.setenv("GOSCHED_FINISHED_JOB_TTL_S", "null")
+    assert load_settings().finished_job_ttl_s is None
+    monkeypatch.setenv("GOSCHED_FINISHED_JOB_TTL_S", "3600")
+    assert load_settings().finished_job_ttl_s == 3600.0
+    monkeypatch.setenv("GOSCHED_SHARDS", "none")  # not optional: still an error
+    with pytest.raises(ValueError, match="shards"):
+        load_settings()
