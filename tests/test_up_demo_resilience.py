@@ -114,6 +114,12 @@ def _jobs_in_store(work: Path) -> dict[str, JobState]:
         handle.stop()
 
 
+def _up_to_the_demos_end(work: Path, *args: str) -> "subprocess.CompletedProcess[str]":
+    """`gosched up ARGS --exit-after-demo --demo-wait 2` on free ports, run to its end."""
+    argv = [str(GOSCHED), "up", "--work-dir", str(work), *args, *FREE_PORTS, *EXIT_AFTER_2S]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=LOCAL, check=False)
+
+
 # == 1: unfinished sample jobs ==========================================================================
 def test_exit_after_demo_reports_unfinished_sample_jobs_one_line_each_and_leaves_none_pending(
     tmp_path: Path,
@@ -122,15 +128,7 @@ def test_exit_after_demo_reports_unfinished_sample_jobs_one_line_each_and_leaves
     The demo used to wait 60 s per job and end with a DeadlineExceeded traceback, leaving its
     too-big job pending in the store."""
     work = tmp_path / "up"
-    slow = ["--sim-nodes", "2", "--sim-task-seconds", "600"]
-    done = subprocess.run(
-        [str(GOSCHED), "up", "--work-dir", str(work), *slow, *FREE_PORTS, *EXIT_AFTER_2S],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=LOCAL,
-        check=False,
-    )
+    done = _up_to_the_demos_end(work, "--sim-nodes", "2", "--sim-task-seconds", "600")
     assert done.returncode == 1, done.stdout + done.stderr
     assert not any(mark in done.stdout + done.stderr for mark in NO_TRACEBACK), done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -151,14 +149,7 @@ def test_without_gpus_the_demo_leaves_out_its_gpu_jobs_and_succeeds(tmp_path: Pa
     it leaves them out (it used to wait --demo-wait for them and fail), and --exit-after-demo
     exits 0."""
     work = tmp_path / "up"
-    done = subprocess.run(
-        [str(GOSCHED), "up", "--work-dir", str(work), "--sim-nodes", "0", *FREE_PORTS, *EXIT_AFTER_2S],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=LOCAL,
-        check=False,
-    )
+    done = _up_to_the_demos_end(work, "--sim-nodes", "0")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no GPUs in the cluster: the GPU sample jobs (a gang, GPU shares) are left out" in done.stdout
     assert "output of hello-" in done.stdout and "why too-big-" in done.stdout
