@@ -145,15 +145,21 @@ _TASKS_OF = "task_id >= {0} || '/' AND task_id < {0} || '0'"
 _DELETE_SOME_TASKS = (
     f"DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM tasks WHERE {_TASKS_OF.format('?1')} LIMIT ?2)"
 )
+# A task row whose job has not finished: not ended, or being run again.
+_NOT_ENDED = f"state NOT IN ({_TERMINAL_LIST}) OR failing >= 0"
 # A task row that keeps its job from a purge: not ended, being run again, or changed at ? or later.
-_NOT_ENDED_BY = f"(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0 OR updated >= ?)"
+_NOT_ENDED_BY = f"({_NOT_ENDED} OR updated >= ?)"
 # Of the finished jobs (every task in a terminal state, none marked failing) past the ?1 that
 # finished last, those whose last task change came before ?2, with their task rows' count.
 _FINISHED_BEFORE = (
     "SELECT job_id, n FROM (SELECT job_id, MAX(updated) AS done, COUNT(*) AS n FROM tasks "
-    f"GROUP BY job_id HAVING SUM(state NOT IN ({_TERMINAL_LIST}) OR failing >= 0) = 0 "
+    f"GROUP BY job_id HAVING SUM({_NOT_ENDED}) = 0 "
     "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1) WHERE done < ?2"
 )
+
+def _stopped(stop: threading.Event | None) -> bool:
+    return stop is not None and stop.is_set()
+
 
 class TasksOfEach(NamedTuple):
     """The task rows of jobs that all have `n` tasks (1: the one shape _job_rows makes), pending,
@@ -831,7 +837,7 @@ class Store:
             purged = 0
             batch: list[tuple[str, int]] = []
             size = 0
-            while not (stop is not None and stop.is_set()):
+            while not _stopped(stop):
                 more = found.fetchmany(1_000)
                 for job_id, n in more:
                     batch.append((str(job_id), int(n)))
@@ -849,7 +855,7 @@ class Store:
     def _purge_batch(
         self, batch: list[tuple[str, int]], before: float, rows: int, stop: threading.Event | None
     ) -> int:
-        if not batch or (stop is not None and stop.is_set()):
+        if not batch or _stopped(stop):
             return 0
         ids = [job_id for job_id, _ in batch]
         started = time.monotonic()
@@ -873,7 +879,7 @@ class Store:
             c.executemany(f"DELETE FROM tasks WHERE {_TASKS_OF.format('?1')}", set(gone) - set(big))
         time.sleep(time.monotonic() - started)
         for (job_id,) in big:  # a tombstone already: the rest of its rows, a transaction at a time
-            while not (stop is not None and stop.is_set()):
+            while not _stopped(stop):
                 started = time.monotonic()
                 with self._tx() as c:
                     cur = c.execute(_DELETE_SOME_TASKS, (job_id, rows))
