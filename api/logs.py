@@ -33,6 +33,12 @@ class LogStore:
         self._written = threading.Condition()
         self.generation = 0  # bumped on every write
 
+    def _changed(self) -> None:
+        """Wake the readers that follow (wait): something was written, or a run moved."""
+        with self._written:
+            self.generation += 1
+            self._written.notify_all()
+
     def _marks_path(self, task_id: str, previous: bool = False) -> Path:
         return self.root / f"{quote(task_id, safe='')}{RESTARTS_SUFFIX}{PREVIOUS_SUFFIX if previous else ''}"
 
@@ -65,9 +71,7 @@ class LogStore:
             current = marks.get(stream, [0, 0])[1]
             out[stream] = [current, max(current, int(starts.get(stream, current)))]
         self._write_marks(task_id, out)
-        with self._written:
-            self.generation += 1
-            self._written.notify_all()
+        self._changed()
 
     def path(self, task_id: str, stream: str, previous: bool = False) -> Path:
         if stream not in STREAMS:
@@ -81,9 +85,7 @@ class LogStore:
         with open(path, "r+b" if path.exists() else "wb") as f:
             f.seek(offset)
             f.write(data)
-        with self._written:
-            self.generation += 1
-            self._written.notify_all()
+        self._changed()
 
     def reset(self, task_id: str) -> None:
         """A new run of the task starts, whose chunks count from offset 0 again (as `kubectl logs`
@@ -110,9 +112,7 @@ class LogStore:
                     previous.unlink(missing_ok=True)
         else:
             self._marks_path(task_id).unlink(missing_ok=True)
-        with self._written:
-            self.generation += 1
-            self._written.notify_all()
+        self._changed()
 
     def size(self, task_id: str, stream: str, previous: bool = False) -> int:
         """How many bytes of the stream's file are held (0: none yet), restarts' output and all:
