@@ -217,10 +217,10 @@ class Settings(BaseSettings, _Strict):
     # past it; without one, the deadline itself has passed) is not started but cancelled, and one
     # submitted so is refused, as Slurm's --deadline. False: deadlines only order a deadline queue.
     end_missed_deadlines: bool = True
-    # A finished job is deleted from the store this long after its last task ended, once it is also
+    # A finished job is purged from the store this long after its last task ended, once it is also
     # past the newest 100,000 finished (those stay queryable), as Kubernetes' ttlSecondsAfterFinished:
-    # without it the store grows with every job and a restart reads every row. Its submission id
-    # may be used again after. None: keep every job.
+    # without it the store grows with every job and a restart reads every row. Its spec and task
+    # rows go; its id and submission id stay taken (a tombstone). None: keep every job.
     finished_job_ttl_s: float | None = Field(default=7 * 86_400.0, gt=0.0)
     # The master process (gosched master / up).
     runtime: Literal["ray", "local"] = "ray"  # components as Ray actors, or all in the master process

@@ -145,8 +145,10 @@ class JobKind(enum.StrEnum):
     SERVICE = "service"
 
 
-# The queue of a job that names none (Settings.queues should hold one of this name).
+# The queue of a job that names none (Settings.queues should hold one of this name), and what a
+# job in it is told where no such queue is configured.
 DEFAULT_QUEUE = "default"
+NO_DEFAULT_QUEUE = f"a job that names no queue goes to {DEFAULT_QUEUE!r}, not configured here: name one"
 
 
 @fast_pickle

@@ -118,6 +118,7 @@ from gosched.common.config import NAME_PATTERN
 from gosched.common.errors import QuantityError, SpecError
 from gosched.common.job import (
     DEFAULT_QUEUE,
+    NO_DEFAULT_QUEUE,
     AntiAffinity,
     GpuTopologyMode,
     Job,
@@ -527,26 +528,20 @@ def _extended(value: object, path: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(pairs))
 
 
-def builtin_resource_problem(name: str) -> str | None:
-    """Why `name` cannot be an extended resource (it is one a node has built in), or None."""
+def builtin_resource_problem(name: str, *, node: bool = False) -> str | None:
+    """Why `name` cannot be an extended resource (it is one a node has built in), or None; told
+    to a job (which asks for it by its field), or to a `node` (which gives it by its field)."""
     field = BUILTIN_RESOURCES.get(name.lower())
     if field is None:
         return None
-    example = _BUILTIN_EXAMPLES[field]
-    return f"{name} is a built-in resource, not an extended one: ask for it with {field} ({example})"
+    how = f"a node gives it as {field}" if node else f"ask for it with {field} ({_BUILTIN_EXAMPLES[field]})"
+    return f"{name} is a built-in resource, not an extended one: {how}"
 
 
-def _refuse_builtin(extended: tuple[tuple[str, int], ...], path: str) -> None:
+def _refuse_builtin(extended: tuple[tuple[str, int], ...], path: str, *, node: bool = False) -> None:
     for name, _ in extended:
-        if problem := builtin_resource_problem(name):
+        if problem := builtin_resource_problem(name, node=node):
             _fail(_entry(path, name), problem)
-
-
-def _refuse_builtin_on_node(extended: tuple[tuple[str, int], ...]) -> None:
-    for name, _ in extended:
-        if (field := BUILTIN_RESOURCES.get(name.lower())) is not None:
-            reason = f"{name} is a built-in resource, not an extended one: a node gives it as {field}"
-            _fail(_entry("extended", name), reason)
 
 
 # == task groups =================================================================================
@@ -1010,11 +1005,7 @@ def job_from_spec(
     queue = _queue_name(root.get("queue", DEFAULT_QUEUE), "queue")
     if known_queues is not None and queue not in known_queues:
         # A JobSpec message always names one: "default" there is most likely a job that named none.
-        unnamed = (
-            f": a job that names no queue goes to {DEFAULT_QUEUE!r}, not configured here: name one"
-            if queue == DEFAULT_QUEUE
-            else ""
-        )
+        unnamed = f": {NO_DEFAULT_QUEUE}" if queue == DEFAULT_QUEUE else ""
         _fail("queue", f"unknown queue {queue!r}{unnamed} (known: {', '.join(sorted(known_queues))})")
     total = sum(g.replicas for g in groups)
     if total > MAX_TASKS_PER_JOB:
@@ -1253,7 +1244,7 @@ def node_from_spec(spec: Mapping[str, Any], *, new: bool = True) -> Node:
     root = _mapping(spec, "", _NODE_KEYS)
     extended = _extended(root.get("extended", {}), "extended")
     if new:
-        _refuse_builtin_on_node(extended)
+        _refuse_builtin(extended, "extended", node=True)
     cpu = _required(root, "cpu", "", 'the node\'s cores, e.g. 64 or "63500m"')
     memory = _required(root, "memory", "", "the node's memory, e.g. 512Gi")
     return Node(

@@ -50,7 +50,7 @@ from gosched.common.aging import standing_from
 from gosched.common.config import QueuePolicy, Settings
 from gosched.common.errors import AlreadyStored, SpecError
 from gosched.common.fast_pickle import objects_from, replaced, rows_of
-from gosched.common.job import DEFAULT_QUEUE, Job, TaskGroup, split_task_id, task_id
+from gosched.common.job import DEFAULT_QUEUE, NO_DEFAULT_QUEUE, Job, TaskGroup, split_task_id, task_id
 from gosched.common.messages import (
     BindReply,
     QueueFloor,
@@ -366,9 +366,8 @@ class Dispatcher:
     def _validate(self, job: Job, total: int) -> None:
         if job.queue not in self._queue_index:
             known = ", ".join(sorted(self._queue_index))
-            hint = ""
-            if job.queue == DEFAULT_QUEUE:  # most likely it named none, and this config has no default
-                hint = f": a job that names no queue goes to {DEFAULT_QUEUE!r}, not configured here: name one"
+            # most likely it named none, and this config has no default
+            hint = f": {NO_DEFAULT_QUEUE}" if job.queue == DEFAULT_QUEUE else ""
             raise SpecError("queue", f"job {job.id}: unknown queue {job.queue!r}{hint} (known: {known})")
         if total < 1:
             raise SpecError("groups", f"job {job.id}: has no tasks")
