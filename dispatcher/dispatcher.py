@@ -1097,11 +1097,15 @@ class Dispatcher:
         told: dict[str, str] = {}  # the reasons of tasks this call ends, kept in the store
         earlier = self._aborted  # a restore's, still to send: not this caller's to take
         self._aborted = {}
-        self._release(task_ids, final_state, reasons, again, updates, told)
-        if told:
-            self._note_reasons(told)
-        if self.store is not None and (updates or told):
-            self.store.set_task_states(updates, reasons=told)
+        try:
+            self._release(task_ids, final_state, reasons, again, updates, told)
+            if told:
+                self._note_reasons(told)
+            if self.store is not None and (updates or told):
+                self.store.set_task_states(updates, reasons=told)
+        except BaseException:  # no answer goes out: all of them wait for take_aborted
+            self._aborted = earlier | self._aborted
+            raise
         now, self._aborted = self._aborted, earlier
         return now
 

@@ -271,3 +271,24 @@ def test_a_gang_a_restore_stopped_waits_for_the_binder_whatever_is_released_mean
     assert restarted.on_released(["other/0"], TaskState.PENDING) == {}
     assert restarted.take_aborted() == {"g": ["g/1", "g/2"]}
     p.close()
+
+
+def test_gangs_stopped_by_a_restore_and_by_a_failure_whose_write_fails_all_wait_for_the_binder(
+    tmp_path: Path,
+) -> None:
+    """A restarted dispatcher's restore stopped gang a; then b's failure reaches it and the store
+    refuses the write (here: closed). on_released raises, and neither gang is dropped: take_aborted
+    has both for the binder."""
+    p = _pipeline(tmp_path)
+    for name in ("a", "b"):
+        p.submit(make_job(name).cpu("1").replicas(3).min_member(3).build())
+    p.run_until_idle()
+    assert p.binder.release(["a/0"], F.value) == ["a/0"]  # then the dispatcher dies
+    store = Store(p.settings.store_path)
+    restarted = Dispatcher(p.settings, store=store)
+    restarted.restore()
+    store.close()
+    with pytest.raises(Exception):  # noqa: B017 - whatever SQLite says of a closed connection
+        restarted.on_released(["b/0"], F)
+    assert restarted.take_aborted() == {"a": ["a/1", "a/2"], "b": ["b/1", "b/2"]}
+    p.close()
