@@ -14,6 +14,7 @@ container's runs. Offsets given to `read` count from the start of the run read.
 """
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -24,6 +25,8 @@ STREAMS = ("stdout", "stderr")
 PREVIOUS_SUFFIX = ".previous"  # the run before the current one (see LogStore.reset)
 RESTARTS_SUFFIX = ".restarts"  # where a restarted process's output starts (see mark_restart)
 READ_CHUNK = 64 * 1024
+
+log = logging.getLogger(__name__)
 
 
 class LogStore:
@@ -113,6 +116,36 @@ class LogStore:
         else:
             self._marks_path(task_id).unlink(missing_ok=True)
         self._changed()
+
+    def files_of(self, task_id: str) -> list[Path]:
+        """Every file the task's logs may be kept in: each stream's current and previous run, the
+        restart marks of both (and a marks file a crash left half written)."""
+        marks = [self._marks_path(task_id, previous) for previous in (False, True)]
+        return [
+            *(self.path(task_id, stream, previous) for stream in STREAMS for previous in (False, True)),
+            *marks,
+            *(m.with_name(m.name + ".tmp") for m in marks),
+        ]
+
+    def remove_job(self, job_id: str, tasks: int) -> int:
+        """Delete the log files of the job's tasks 0..`tasks`-1 (the job was purged from the
+        store: its ids are never taken again, so no other job's are among them). Returns how many
+        went; a file that cannot be removed is logged and left (the others still go)."""
+        removed = 0
+        failed: OSError | None = None
+        for index in range(tasks):
+            for path in self.files_of(f"{job_id}/{index}"):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    failed = exc
+                    continue
+                removed += 1
+        if failed is not None:
+            log.warning("some log files of purged job %s were not removed: %s", job_id, failed)
+        return removed
 
     def size(self, task_id: str, stream: str, previous: bool = False) -> int:
         """How many bytes of the stream's file are held (0: none yet), restarts' output and all:

@@ -462,7 +462,7 @@ def serve(
             )
             handle._http_thread.start()
         if settings.finished_job_ttl_s is not None and str(db) != ":memory:":
-            handle._purger = StorePurger(db_path, settings.finished_job_ttl_s)
+            handle._purger = StorePurger(db_path, settings.finished_job_ttl_s, logs=logs)
             handle._purger.start()
         announced = threading.Event()
         handle._health_thread = threading.Thread(

@@ -23,7 +23,7 @@ Specs are encoded with gosched.common.codec. A task's GPUs are stored as text "0
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import chain, repeat
 from operator import add, attrgetter, itemgetter
@@ -150,9 +150,11 @@ _NOT_ENDED = f"state NOT IN ({_TERMINAL_LIST}) OR failing >= 0"
 # A task row that keeps its job from a purge: not ended, being run again, or changed at ? or later.
 _NOT_ENDED_BY = f"({_NOT_ENDED} OR updated >= ?)"
 # Of the finished jobs (every task in a terminal state, none marked failing) past the ?1 that
-# finished last, those whose last task change came before ?2, with their task rows' count.
+# finished last, those whose last task change came before ?2, with their task rows' count and the
+# highest of their task indexes plus one (the task ids the master's logs may hold: 0.. that).
 _FINISHED_BEFORE = (
-    "SELECT job_id, n FROM (SELECT job_id, MAX(updated) AS done, COUNT(*) AS n FROM tasks "
+    "SELECT job_id, n, tasks FROM (SELECT job_id, MAX(updated) AS done, COUNT(*) AS n, "
+    "MAX(idx) + 1 AS tasks FROM tasks "
     f"GROUP BY job_id HAVING SUM({_NOT_ENDED}) = 0 "
     "ORDER BY done DESC, job_id DESC LIMIT -1 OFFSET ?1) WHERE done < ?2"
 )
@@ -198,7 +200,8 @@ _BIND_NO_GPUS = (
 _gpus_of = itemgetter(2)
 # Tasks taken off their node and not bound since (see Store.load_down).
 _DOWN_TASKS = (
-    "SELECT job_id, task_id FROM tasks WHERE state = 'preempted' OR (state = 'pending' AND attempt > 0)"
+    "SELECT job_id, task_id FROM tasks"
+    " WHERE state = 'preempted' OR (state IN ('pending', 'bound') AND attempt > 0)"
 )
 # Back to pending (requeued): a new attempt, no node. Other states keep the node for the record.
 _LEGAL_SQL = "CASE ?1 " + " ".join(f"WHEN '{t.value}' THEN {_may_move(t)}" for t in TaskState) + " END"
@@ -790,10 +793,10 @@ class Store:
         return out
 
     def load_down(self) -> list[tuple[str, str]]:
-        """(job id, task id) of every task taken off its node (evicted or lost) and not bound since,
-        of the jobs with a disruption budget: a preempted row, or a pending one past its first
-        attempt (only a move back from bound or running starts a new one). For the binder's
-        recovery: the budget counts them (common/disruptions.py)."""
+        """(job id, task id) of every task taken off its node (evicted or lost) and not running
+        since, of the jobs with a disruption budget: a preempted row, or a pending or bound one past
+        its first attempt (only a move back from bound or running starts a new one). For the
+        binder's recovery: the budget counts them (common/disruptions.py)."""
         with self._lock:
             c = self._conn
             rows = c.execute(_DOWN_TASKS).fetchall()
@@ -815,6 +818,7 @@ class Store:
         *,
         rows: int = PURGE_ROWS,
         stop: threading.Event | None = None,
+        on_purged: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> int:
         """Purge the jobs that finished (every task ended, none being run again) before `before`
         (unix time of their last task change), sparing the `keep` that finished last: their tasks,
@@ -830,34 +834,47 @@ class Store:
         still finished, and after each waits as long as it took, so that other writers get the lock
         at least half the time. A job of more tasks than `rows` is made a tombstone first, then its
         task rows go `rows` at a time: a crash in between leaves ended rows of no job, which the
-        next purge takes. `stop` set: it ends after the transaction under way."""
+        next purge takes. `stop` set: it ends after the transaction under way.
+
+        `on_purged`, after each transaction that made tombstones (outside it: the write lock is
+        free meanwhile, and the pacing does not count it), gets those jobs as (job id, how many
+        task ids it may have had: its highest task index plus one): what the master keeps of them
+        beside the store (their log files) may go now, and nothing of a job the transaction found
+        moved on. A job whose rows a crash left half deleted (between its tombstone's
+        transaction and `on_purged`) is handed over again by the purge that takes the rest, with
+        the highest task index of the rows left: the logs of tasks past it stay, in that case."""
         reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             found = reader.execute(_FINISHED_BEFORE, (keep, before))
             purged = 0
-            batch: list[tuple[str, int]] = []
+            batch: list[tuple[str, int, int]] = []
             size = 0
             while not _stopped(stop):
                 more = found.fetchmany(1_000)
-                for job_id, n in more:
-                    batch.append((str(job_id), int(n)))
+                for job_id, n, tasks in more:
+                    batch.append((str(job_id), int(n), int(tasks)))
                     size += int(n)
                     if size >= rows:
-                        purged += self._purge_batch(batch, before, rows, stop)
+                        purged += self._purge_batch(batch, before, rows, stop, on_purged)
                         batch, size = [], 0
                 if not more:
-                    purged += self._purge_batch(batch, before, rows, stop)
+                    purged += self._purge_batch(batch, before, rows, stop, on_purged)
                     break
         finally:
             reader.close()
         return purged
 
     def _purge_batch(
-        self, batch: list[tuple[str, int]], before: float, rows: int, stop: threading.Event | None
+        self,
+        batch: list[tuple[str, int, int]],
+        before: float,
+        rows: int,
+        stop: threading.Event | None,
+        on_purged: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> int:
         if not batch or _stopped(stop):
             return 0
-        ids = [job_id for job_id, _ in batch]
+        ids = [job_id for job_id, _, _ in batch]
         started = time.monotonic()
         with self._tx() as c:
             # Still finished (the candidates were read on another snapshot): one that moved on stays.
@@ -875,9 +892,12 @@ class Store:
             purged = c.executemany(_TOMBSTONE, gone).rowcount
             c.executemany("DELETE FROM task_restarts WHERE job_id = ?", gone)
             c.executemany("DELETE FROM backoffs WHERE job_id = ?", gone)
-            big = [(jid,) for jid, n in batch if n > rows and jid not in moved]
+            big = [(jid,) for jid, n, _ in batch if n > rows and jid not in moved]
             c.executemany(f"DELETE FROM tasks WHERE {_TASKS_OF.format('?1')}", set(gone) - set(big))
-        time.sleep(time.monotonic() - started)
+        took = time.monotonic() - started
+        if on_purged is not None and gone:  # committed: each of them is a tombstone now
+            on_purged([(jid, tasks) for jid, _, tasks in batch if jid not in moved])
+        time.sleep(took)
         for (job_id,) in big:  # a tombstone already: the rest of its rows, a transaction at a time
             while not _stopped(stop):
                 started = time.monotonic()
