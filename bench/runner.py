@@ -32,7 +32,7 @@ class RunResult:
     nodes: int
     shards: int
     tasks: int  # measured tasks
-    bound: int  # measured tasks bound, each once (in process; on Ray, bindings as the dispatcher counts them)
+    bound: int  # measured tasks bound, each once (on Ray: of the binder's durable bindings)
     seconds: float  # first dispatch to the last binding of a measured task
     conflict_rate: float
     retries: int  # units proposed again after a rejection or an unschedulable verdict
@@ -60,7 +60,9 @@ class RunResult:
     offered_rate: float | None = None  # tasks/s arriving during the run (open loop), else queued first
     asked: int | None = None  # the tasks asked for (--pods), when the workload measures fewer
     note: str = ""  # the workload's why (Workload.note)
-    bindings: int | None = None  # in process: bindings of measured tasks, a task placed again counting again
+    # Bindings of measured tasks, a task placed again counting again (None on Ray when the binder's
+    # log could not tell: it restarted during the run, or trimmed the run's changes)
+    bindings: int | None = None
 
     @property
     def tasks_per_s(self) -> float:
@@ -86,10 +88,14 @@ def _peak_rss_mib() -> float:
 
 class _Bindings:
     """The measured tasks' bindings as the binder answers them, each task counted once: wraps the
-    pipeline's binder.commit (in process a commit is durable when it returns)."""
+    pipeline's binder.commit (in process a commit is durable when it returns).
+
+    A task counts as bound whatever its dispatch stamp reads: 0.0 is a time like any other (a
+    clock whose origin is the run's start, a test's frozen clock), not "no stamp"."""
 
     def __init__(self, p: Pipeline, measured: list[Job]) -> None:
         self.jobs = {j.id for j in measured}
+        self.bound: set[tuple[str, int]] = set()  # the measured tasks bound, each once
         self.first: dict[tuple[str, int], float] = {}  # task -> seconds, dispatch to first binding
         self.bindings = 0
         self.last_s: float | None = None  # perf_counter at the last commit binding a measured task
@@ -108,12 +114,16 @@ class _Bindings:
         for acc in reply.accepted:
             if acc.job_id not in self.jobs:
                 continue
-            started = dispatched.get(acc.job_id)
+            started = dispatched.get(acc.job_id)  # None: not proposed in this batch (no latency)
             for index in acc.task_indexes:
                 self.bindings += 1
                 bound_any = True
-                if (acc.job_id, index) not in self.first and started:
-                    self.first[(acc.job_id, index)] = acc.bind_time - started
+                task = (acc.job_id, index)
+                if task in self.bound:
+                    continue  # bound again: its latency is its first binding's
+                self.bound.add(task)
+                if started is not None:
+                    self.first[task] = acc.bind_time - started
         if bound_any:
             self.last_s = time.perf_counter()
 
@@ -160,7 +170,7 @@ def run_in_process(w: Workload, shards: int, profile: ProfileConfig, batch_size:
             nodes=len(w.nodes),
             shards=shards,
             tasks=w.measured_tasks,
-            bound=len(bindings.first),
+            bound=len(bindings.bound),
             seconds=end - start,
             conflict_rate=rejected / proposals if proposals else 0.0,
             retries=rejected + (s.unschedulable_units - before[2]),
@@ -258,6 +268,7 @@ def run_ray(
     queued first and the latency is dispatch to binding."""
     import ray
 
+    from gosched.runtime.ray_bench import measured_bindings
     from gosched.runtime.ray_cluster import RayScheduler
 
     with tempfile.TemporaryDirectory(prefix="gosched-bench-") as tmp:
@@ -275,13 +286,13 @@ def run_ray(
             before, procs_before = rs.stats(), rs.process_stats()
             binder_before = ray.get(rs.binder.stats.remote())
             daemons_before = daemons_cpu_s()
-            start = time.perf_counter()
+            start, started = time.perf_counter(), time.time()
             if rate is None:
                 rs.submit_many(w.measured)
                 procs_before = rs.process_stats()  # queued first: their submission is not the run's
                 binder_before = ray.get(rs.binder.stats.remote())
                 daemons_before = daemons_cpu_s()
-                start = time.perf_counter()
+                start, started = time.perf_counter(), time.time()
                 rs.run_until_idle(timeout=1800)
             else:
                 sub = _Submitter(rs.submit_many, w.measured, rate)
@@ -295,14 +306,18 @@ def run_ray(
             binder_after = ray.get(rs.binder.stats.remote())  # every write acked: all reported
             daemons = daemons_cpu_s() - daemons_before
             dispatched, waited = rs.drain_latencies()
+            # The clock has stopped: the measured tasks' bindings from the binder's log (two calls).
+            same_binder = binder_after["incarnation"] == binder_before["incarnation"]
+            measured = measured_bindings(
+                rs, binder_before["version"] if same_binder else None, {j.id for j in w.measured}
+            )
         finally:
             rs.shutdown()
-    bound = stats["bound_tasks"] - before["bound_tasks"]
-    # The dispatcher's clock covers first dispatch to last binding; without initial work it is
-    # the measured span, else the wall time of the measured phase is the honest figure.
-    seconds = (
-        bound / stats["tasks_per_s"] if not w.initial and stats.get("tasks_per_s") and not rate else wall
-    )
+    # From the first dispatch of the run (the dispatcher's stamp: the warm-up's, when there was
+    # one, is before `started`) to the last binding of a measured task (the binder's; both actors
+    # run on this machine, on its clock), as in process; the wall time when nothing bound.
+    first = max(started, stats["first_dispatch"])
+    seconds = measured.last_bind - first if measured.last_bind is not None else wall
     proposals = max(1, stats.get("proposals", 0) - before.get("proposals", 0))
     rejected = stats.get("rejected_units", 0) - before.get("rejected_units", 0)
     p50, p95, p99 = _percentiles(waited if rate else dispatched)
@@ -326,7 +341,7 @@ def run_ray(
         nodes=len(w.nodes),
         shards=shards,
         tasks=w.measured_tasks,
-        bound=bound,
+        bound=measured.bound,
         seconds=seconds,
         conflict_rate=rejected / proposals,
         retries=rejected + stats.get("unschedulable_units", 0) - before.get("unschedulable_units", 0),
@@ -344,4 +359,5 @@ def run_ray(
         offered_rate=rate,
         asked=w.asked if w.asked != w.measured_tasks else None,
         note=w.note,
+        bindings=measured.bindings,
     )

@@ -10,14 +10,26 @@ import pytest
 from typer.testing import CliRunner
 
 from gosched.bench import runner
-from gosched.bench.ingest import IngestResult, ingest_line, run_ingest
+from gosched.bench.ingest import IngestResult, call_percentiles_ms, ingest_line, run_ingest
 from gosched.bench.report import table
 from gosched.bench.runner import _Bindings, _writer_cpu_s, run_in_process
 from gosched.bench.workloads import WORKLOADS, Workload
 from gosched.cli.main import app
+from gosched.common.cluster_state import Resident
 from gosched.common.config import ProfileConfig, Settings
 from gosched.common.job import Job
-from gosched.common.messages import AcceptedUnit, BindReply, Proposal, ProposalBatch
+from gosched.common.messages import (
+    AcceptedUnit,
+    BindReply,
+    Change,
+    NodeRemoved,
+    Proposal,
+    ProposalBatch,
+    TaskBound,
+    TaskReleased,
+)
+from gosched.runtime.pipeline import Pipeline
+from gosched.runtime.ray_bench import count_bindings
 from gosched.runtime.simulation import GiB, basic_jobs, sim_nodes
 
 
@@ -167,3 +179,117 @@ def test_the_writers_cpu_is_its_own_reading_while_it_is_the_same_writer() -> Non
     assert _writer_cpu_s(before, {"writer_pid": 7, "writer_busy_s": 0.2534}) == pytest.approx(0.0034)
     assert _writer_cpu_s(before, {"writer_pid": 8, "writer_busy_s": 0.01}) is None  # restarted
     assert _writer_cpu_s({"writer_pid": None}, {"writer_pid": None, "writer_busy_s": 0.0}) is None
+
+
+class _FakeBinder:
+    def __init__(self) -> None:
+        self.replies: list[BindReply] = []
+
+    def commit(self, batch: ProposalBatch) -> BindReply:
+        return self.replies.pop(0)
+
+
+def test_a_task_dispatched_at_the_clocks_origin_is_counted_with_its_latency() -> None:
+    # 0.0 is a dispatch time like any other (a clock that starts with the run): the binding
+    # counts, and its latency is bind time - 0.0, not dropped as if the task had no stamp.
+    class FakePipeline:
+        binder = _FakeBinder()
+
+    p = FakePipeline()
+    measured = basic_jobs(2, prefix="m")
+    counted = _Bindings(p, measured)  # type: ignore[arg-type]
+    batch = ProposalBatch(0, 0, [_proposal(measured[0], 0.0), _proposal(measured[1], 0.5)])
+    p.binder.replies = [
+        BindReply([AcceptedUnit("m-0", 0, (0,), 0.25), AcceptedUnit("m-1", 0, (0,), 0.75)], [], [], [], 1),
+        BindReply([AcceptedUnit("m-0", 1, (0,), 2.0)], [], [], [], 2),  # placed again later
+    ]
+    p.binder.commit(batch)
+    p.binder.commit(batch)
+    assert counted.bound == {("m-0", 0), ("m-1", 0)} and counted.bindings == 3
+    assert counted.first == {("m-0", 0): pytest.approx(0.25), ("m-1", 0): pytest.approx(0.25)}
+
+
+def test_a_run_on_a_clock_at_its_origin_counts_every_binding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole pipeline on a clock frozen at 0.0 (as a simulated-time run starts): every stamp
+    # is 0.0, and every binding still counts, in bound, in the rate and in the latencies.
+    monkeypatch.setattr(runner, "Pipeline", functools.partial(Pipeline, clock=lambda: 0.0))
+    for name in ("scheduling-basic", "gang"):
+        r = run_in_process(WORKLOADS[name](10, 30), 1, ProfileConfig())
+        assert r.bound == r.bindings == r.tasks == 30
+        assert r.tasks_per_s == pytest.approx(r.bound / r.seconds) and r.tasks_per_s > 0
+        assert r.p50_ms == r.p99_ms == 0.0  # bound at the dispatch's instant, on that clock
+
+
+def _bound(task: str, at: float) -> TaskBound:
+    job = task.split("/")[0]
+    resident = Resident(task_id=task, job_id=job, cpu_milli=500, memory=GiB, start_time=at)
+    return TaskBound("sim-00000", resident)
+
+
+def test_the_binders_log_gives_the_measured_tasks_bound_once_and_every_binding() -> None:
+    changes: list[Change] = [
+        _bound("init-0/0", 5.0),  # a warm-up task (bound again in the run): not measured
+        _bound("job-0/0", 1.0),
+        _bound("job-1/0", 2.0),
+        TaskReleased("job-0/0", "preempted"),
+        NodeRemoved("sim-00001"),
+        _bound("job-0/0", 3.0),  # placed again: a binding, not another task
+        _bound("job-1/1", 2.5),
+    ]
+    got = count_bindings(changes, False, ["job-0", "job-1", "job-2"])
+    assert (got.bound, got.bindings, got.last_bind) == (3, 4, 3.0)
+    # A snapshot (the binder restarted, or its log was trimmed): the tasks it holds, no bindings.
+    got = count_bindings([_bound("job-0/0", 3.0), _bound("init-0/0", 5.0)], True, {"job-0"})
+    assert (got.bound, got.bindings, got.last_bind) == (1, None, 3.0)
+    assert count_bindings([_bound("init-0/0", 5.0)], False, {"job-0"}).last_bind is None
+
+
+def test_the_ingest_percentiles_read_the_calls_as_the_latencies_are_read() -> None:
+    calls = [i / 1000 for i in range(1, 101)]  # 1 .. 100 ms
+    p50, p99 = call_percentiles_ms(calls)
+    assert p50 == pytest.approx(50.5) and p99 == pytest.approx(99.01)  # not the slowest call
+    assert call_percentiles_ms([0.002]) == (pytest.approx(2.0), pytest.approx(2.0))
+
+
+def test_on_ray_bound_is_the_measured_tasks_and_bindings_count_a_task_placed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node holding warm-up and measured tasks is lost during the measured run: its tasks are
+    bound again elsewhere. The dispatcher's bound_tasks counts all those bindings; the run counts
+    the measured tasks once in `bound`, their bindings in `bindings`, the warm-up's in neither;
+    its seconds end at the last binding of a measured task, not when run_until_idle returns."""
+    ray = pytest.importorskip("ray")
+    from gosched.runtime.ray_cluster import RayScheduler
+
+    w = WORKLOADS["scheduling-basic"](3, 20)  # 4 warm-up tasks, 20 measured, on 3 nodes
+    measured = {j.id for j in w.measured}
+    lost: list[str] = []
+    run_until_idle = RayScheduler.run_until_idle
+    calls = 0
+
+    def and_lose_a_node(rs: RayScheduler, *args: object, **kwargs: object) -> int:
+        nonlocal calls
+        rounds = run_until_idle(rs, *args, **kwargs)  # type: ignore[arg-type]
+        calls += 1
+        if calls == 2:  # the measured run (the first one was the warm-up's)
+            held = ray.get(rs.binder.residents.remote([n.name for n in w.nodes]))
+            name = next(
+                (n for n, tids in held.items() if {t.split("-")[0] for t in tids} == {"init", "job"}),
+                None,
+            )
+            assert name is not None, f"no node holds warm-up and measured tasks: {held}"
+            lost.extend(rs.remove_node(name))
+            rounds += run_until_idle(rs, *args, **kwargs)  # type: ignore[arg-type]
+            time.sleep(0.5)  # as a long idle detection after the last binding: not the run's time
+        return rounds
+
+    monkeypatch.setattr(RayScheduler, "run_until_idle", and_lose_a_node)
+    t0 = time.perf_counter()
+    r = runner.run_ray(w, 1, ProfileConfig(), batch_size=8)
+    wall = time.perf_counter() - t0
+    again = [t for t in lost if t.split("/")[0] in measured]
+    assert again and len(again) < len(lost)  # measured and warm-up tasks were bound again
+    assert r.tasks == r.bound == 20
+    assert r.bindings == 20 + len(again)
+    assert r.tasks_per_s == pytest.approx(r.bound / r.seconds) and 0 < r.seconds < 0.5 < wall
+    assert "more bindings of tasks evicted and placed again" in table([r])
