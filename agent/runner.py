@@ -31,7 +31,7 @@ from gosched.agent.executor import ShellExecutor
 from gosched.agent.link import NAME_TAKEN_GIVE_UP_S, MasterLink
 from gosched.agent.outbox import Outbox, task_of
 from gosched.agent.state import StateFile
-from gosched.agent.tasks import TaskTable
+from gosched.agent.tasks import TaskTable, carry_restart
 from gosched.agent.usage import UsageSampler
 from gosched.api.channel import ChannelSecurity
 from gosched.api.convert import node_from_proto, node_to_proto
@@ -394,7 +394,10 @@ class AgentRunner:
                 self._outbox.put(agent_pb2.AgentMessage(log=chunk))
                 self._offsets_moved = True
             if rec.final is not None and rec.logs.at_end():
-                self._outbox.put(agent_pb2.AgentMessage(task_status=rec.final))
+                # with the run's latest restart: the master's mark, should that restart's own
+                # status have been lost (and kept so when the master is sent it again)
+                final = carry_restart(rec, rec.final)
+                self._outbox.put(agent_pb2.AgentMessage(task_status=final))
                 tasks.finish(task_id)
 
     def _save(self, tasks: TaskTable, now: float) -> None:

@@ -41,6 +41,9 @@ class SavedTask:
     final_exit_code: int = 0
     final_message: str = ""
     restarts: int = 0  # a service's restarts in this run, so far (reported to the master)
+    # With restarts: where the process before the latest restart's and that restart's process's
+    # output start, [stdout, stderr, stdout, stderr] (the run's later statuses carry them again).
+    restart_starts: list[int] = dataclasses.field(default_factory=list)
     # A kill in progress, so that a restarted agent carries it on: the final status's message, when
     # SIGKILL is due (unix seconds; 0: none), and whether the master no longer expects the task.
     killed: str | None = None

@@ -110,6 +110,10 @@ class TaskRecord:
     adopted: AdoptedProcess | None = None  # set when a previous agent process started it
     started_at: float = 0.0  # monotonic, of the current run
     restarts: int = 0  # of this run (this launch): each restart is reported to the master
+    # Where the latest restart's process's output starts, and the process's before it (stdout,
+    # stderr each): every later status of the run carries them again (carry_restart).
+    starts: tuple[int, int] = (0, 0)
+    previous_starts: tuple[int, int] = (0, 0)
     backoff_s: float = BACKOFF_FIRST_S
     restart_at: float | None = None  # a failed service waiting for its restart
     restart_why: str = ""
@@ -328,6 +332,7 @@ class TaskTable:
                     final_exit_code=final.exit_code if final is not None else 0,
                     final_message=final.message if final is not None else "",
                     restarts=rec.restarts,
+                    restart_starts=[*rec.previous_starts, *rec.starts] if rec.restarts else [],
                     killed=rec.killed,
                     kill_deadline=rec.kill_deadline,
                     stale=rec.stale,
@@ -371,6 +376,9 @@ class TaskTable:
                 kill_deadline=s.kill_deadline,
                 ends_by=s.ends_by,  # the limit runs on while no agent watched
             )
+            if len(s.restart_starts) == 4:  # an older agent's file has none
+                rec.previous_starts = (int(s.restart_starts[0]), int(s.restart_starts[1]))
+                rec.starts = (int(s.restart_starts[2]), int(s.restart_starts[3]))
             if s.container_name:
                 rec.container = Container(s.container_runtime, s.container_name)
             self.records[s.task_id] = rec
@@ -526,18 +534,29 @@ class TaskTable:
         rec.restart_at = None
         rec.restarts += 1
         rec.started_at = time.monotonic()
-        starts = [_size(stream.path) for stream in rec.logs.streams]  # the process before is over
+        out, err = (_size(stream.path) for stream in rec.logs.streams)  # the process before is over
+        rec.previous_starts, rec.starts = rec.starts, (out, err)
+        self.dirty = True
         why = self._spawn(rec)
         if why is not None:
             self._schedule_restart(rec, why)
             return
         # One status per restart: the master shows the count and the latest reason (`gosched get`).
         status = task_status(rec.task_id, RUNNING, rec.restart_code, rec.restart_why)
-        status.restarts = rec.restarts
         status.last_exit_time = rec.restart_time
-        status.stdout_start, status.stderr_start = starts
-        self.report(status)
+        self.report(carry_restart(rec, status))
         self.echo(f"{rec.task_id} restarted after {rec.restart_why} (restart {rec.restarts})")
+
+
+def carry_restart(rec: TaskRecord, status: agent_pb2.TaskStatus) -> agent_pb2.TaskStatus:
+    """`status` (of the run `rec`), carrying the run's latest restart and where its process's and
+    the one before's output start: the master marks the restart from whichever status of the run
+    comes first (the restart's own may be lost with a broken stream). A run never restarted: as is."""
+    if rec.restarts > 0:
+        status.restarts = rec.restarts
+        status.stdout_start, status.stderr_start = rec.starts
+        status.previous_stdout_start, status.previous_stderr_start = rec.previous_starts
+    return status
 
 
 def _size(path: Path) -> int:

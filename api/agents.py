@@ -11,7 +11,9 @@ Agents report through the stream; their reports are queued and applied in batche
 which runs in the scheduling thread under the service lock:
 * RUNNING -> the task is running; SUCCEEDED / FAILED -> it ended and frees its resources;
 * RUNNING with restarts -> the agent restarted the task's process (a service's): the service keeps
-  the count and the latest reason for the task's current attempt (`gosched get`, explain);
+  the count and the latest reason for the task's current attempt (`gosched get`, explain); every
+  later status of the run (the next restart's, its end) carries the latest restart's count and
+  where its process's output starts, so its log mark survives the restart's own status lost;
 * FAILED with a message starting "lost:" -> the agent no longer has it: it goes back to the queue.
 An agent silent for longer than `node_timeout_s` loses its node: the node becomes not ready and its
 tasks are queued again (a gang that drops below its min_member is evicted whole). When the agent
@@ -370,16 +372,20 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                         restarted = True
             elif state in (TaskState.SUCCEEDED, TaskState.FAILED):
                 session.uses.pop(tid, None)
-                if session.killing.pop(tid, None) is not None:
-                    return  # the end of a run we stopped: the binder released it already
-                r.ended.append((session, tid))
-                if state is TaskState.FAILED and status.message.startswith(LOST_PREFIX):
-                    r.lost.append((node, tid))
-                else:
-                    r.finished.setdefault(state, []).append((node, tid))
-                    if state is TaskState.FAILED:
-                        why = status.message or f"exit code {status.exit_code}"
-                        r.failures[tid] = f"{why} (on {node})"
+                stopped = session.killing.pop(tid, None) is not None
+                # An end carries the run's latest restart, should the restart's own status have
+                # been lost: the run sent here, or the one we stopped, unless the task was sent
+                # here anew since (the log is that new run's then).
+                restarted = status.restarts > 0 and (tid in session.sent) != stopped
+                if not stopped:  # (one we stopped the binder released already)
+                    r.ended.append((session, tid))
+                    if state is TaskState.FAILED and status.message.startswith(LOST_PREFIX):
+                        r.lost.append((node, tid))
+                    else:
+                        r.finished.setdefault(state, []).append((node, tid))
+                        if state is TaskState.FAILED:
+                            why = status.message or f"exit code {status.exit_code}"
+                            r.failures[tid] = f"{why} (on {node})"
         if restarted:  # in the stream's order: the chunks before are the process before's
             self._mark_restart(session, status)
         self.service._wake.set()
@@ -391,7 +397,8 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                 owner = self._log_owner.get(tid, session.node)
             if owner == session.node:  # as a chunk's: an older run's, elsewhere, changes nothing
                 starts = {"stdout": status.stdout_start, "stderr": status.stderr_start}
-                self.logs.mark_restart(tid, status.restarts, starts)
+                before = {"stdout": status.previous_stdout_start, "stderr": status.previous_stderr_start}
+                self.logs.mark_restart(tid, status.restarts, starts, before)
 
     # -- the tick (scheduling thread, service lock held) -------------------------------------------------
     def tick(self, control: ControlPlane) -> bool:

@@ -61,18 +61,31 @@ class LogStore:
         tmp.write_text(json.dumps(marks))
         tmp.replace(path)
 
-    def mark_restart(self, task_id: str, restarts: int, starts: dict[str, int]) -> None:
+    def mark_restart(
+        self,
+        task_id: str,
+        restarts: int,
+        starts: dict[str, int],
+        previous_starts: dict[str, int] | None = None,
+    ) -> None:
         """The task's process was restarted within its run (a service's, by its agent), for the
         `restarts`-th time: its new output starts at these offsets of the files (per stream;
-        equal to the last mark where the process before wrote nothing there). A restart counted
-        no later than the latest mark (a status sent again) changes nothing."""
+        equal to the last mark where the process before wrote nothing there), and the process
+        before it started at `previous_starts` (the agent says so with every status of the run
+        after the restart, so a mark is recovered from a later status when the restart's own was
+        lost: the last mark kept may then be an older restart's). A restart counted no later than
+        the latest mark (a status sent again, or a later status of the same restart) changes
+        nothing."""
         marks = self._marks(task_id)
         if restarts <= int(marks.get("n", 0)):
             return
+        before = previous_starts or {}
         out: dict[str, Any] = {"n": restarts}
         for stream in STREAMS:
-            current = marks.get(stream, [0, 0])[1]
-            out[stream] = [current, max(current, int(starts.get(stream, current)))]
+            last = int(marks.get(stream, [0, 0])[1])  # the latest mark kept: that restart or an older
+            current = max(last, int(starts.get(stream, last)))
+            # the offsets only grow: the process before started no earlier than an older mark
+            out[stream] = [min(current, max(last, int(before.get(stream, 0)))), current]
         self._write_marks(task_id, out)
         self._changed()
 

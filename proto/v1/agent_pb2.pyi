@@ -72,7 +72,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[float] = ..., usage: _Optional[_Union[NodeUsage, _Mapping]] = ..., running_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
-    __slots__ = ("task_id", "state", "exit_code", "message", "time", "restarts", "last_exit_time", "stdout_start", "stderr_start")
+    __slots__ = ("task_id", "state", "exit_code", "message", "time", "restarts", "last_exit_time", "stdout_start", "stderr_start", "previous_stdout_start", "previous_stderr_start")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,8 @@ class TaskStatus(_message.Message):
     LAST_EXIT_TIME_FIELD_NUMBER: _ClassVar[int]
     STDOUT_START_FIELD_NUMBER: _ClassVar[int]
     STDERR_START_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STDOUT_START_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STDERR_START_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     state: _types_pb2.TaskState
     exit_code: int
@@ -91,7 +93,9 @@ class TaskStatus(_message.Message):
     last_exit_time: float
     stdout_start: int
     stderr_start: int
-    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., time: _Optional[float] = ..., restarts: _Optional[int] = ..., last_exit_time: _Optional[float] = ..., stdout_start: _Optional[int] = ..., stderr_start: _Optional[int] = ...) -> None: ...
+    previous_stdout_start: int
+    previous_stderr_start: int
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.TaskState, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., time: _Optional[float] = ..., restarts: _Optional[int] = ..., last_exit_time: _Optional[float] = ..., stdout_start: _Optional[int] = ..., stderr_start: _Optional[int] = ..., previous_stdout_start: _Optional[int] = ..., previous_stderr_start: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("node_name", "session_id", "heartbeat", "task_status", "log", "node_update")
