@@ -11,6 +11,10 @@ agent's offsets go on): each restart marks where the new process's output starts
 (`mark_restart`), kept in a small file beside the logs. The current run is then read from the
 latest mark, and the previous from the mark before it, as `kubectl logs` separates a crash-looping
 container's runs. Offsets given to `read` count from the start of the run read.
+
+A reader that goes on (a follower, `RunReader`) holds the file it reads open: a reset that moves
+it aside is seen as another file in its place, so the reader ends that run where it ends (not at
+its offset in the new run's file) and a follower starts the new run from its beginning.
 """
 
 import json
@@ -18,7 +22,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 STREAMS = ("stdout", "stderr")
@@ -180,20 +184,17 @@ class LogStore:
         offset: int,
         limit: int = READ_CHUNK,
         previous: bool = False,
-        *,
-        in_file: bool = False,
     ) -> bytes:
         """Up to `limit` bytes of the current run's output (or the previous run's), from `offset`
         in it. A task restarted within its run: its current process's output, and as the
-        previous, the process's before; otherwise the current file and the one reset kept.
-        `in_file`: `offset` is in the current file, whatever its restarts (a follower's, which
-        goes on into the next process's output)."""
+        previous, the process's before; otherwise the current file and the one reset kept (a
+        follower's reads go through a RunReader)."""
         start, end = 0, None
-        marks = None if in_file else self._marks(task_id).get(stream)
+        marks = self._marks(task_id).get(stream)
         if marks:
             start, end = (marks[0], marks[1]) if previous else (marks[1], None)
             previous = False  # both are parts of the current file
-        elif previous and not in_file:  # the previous run's last process, if its agent restarted it
+        elif previous:  # the previous run's last process, if its agent restarted it
             start = self._marks(task_id, previous=True).get(stream, [0, 0])[0]
         path = self.path(task_id, stream, previous)
         if not path.exists():
@@ -209,9 +210,102 @@ class LogStore:
             f.seek(at)
             return f.read(limit)
 
+    def reader(self, task_id: str, stream: str, offset: int = 0, *, follow: bool = False) -> "RunReader":
+        """A reader of the stream's current run from `offset` (StreamLogs'): see RunReader."""
+        return RunReader(self, task_id, stream, offset, follow=follow)
+
     def wait(self, seen_generation: int, timeout: float) -> int:
         """Block until something is written after `seen_generation` (or the timeout); returns the
         generation now."""
         with self._written:
             self._written.wait_for(lambda: self.generation != seen_generation, timeout)
             return self.generation
+
+
+class RunReader:
+    """One stream of a task read on from `offset` in its current run (from its current process's
+    output on, a service restarted within its run), through the file itself: a reader goes on
+    into the next processes' output as the file grows, and however its reads interleave with a
+    new run's reset (which moves the file aside), it reads the run it started in to its end, not
+    the new run's file at the old run's offset. `follow`: then on into the new run, from its
+    start (the offsets it returns count from there); else it ends with its run.
+
+    The agent gateway writes and resets a task's log under one lock, so a file moved aside is
+    whole once the move is seen. Holds the file open (close() it); not thread-safe."""
+
+    def __init__(
+        self, logs: LogStore, task_id: str, stream: str, offset: int, *, follow: bool = False
+    ) -> None:
+        self.logs, self.task_id, self.stream, self.follow = logs, task_id, stream, follow
+        self.path = logs.path(task_id, stream)
+        self.offset = offset  # in the run read
+        self.runs = 0  # new runs moved on to (follow)
+        self._file: BinaryIO | None = None
+        self._base = 0  # where the run read starts in its file
+        self._marked = True  # the next file opened is the run's the reader started in: from its mark
+        self._over = False  # the run read moved aside and read to its end (not follow)
+
+    def __enter__(self) -> "RunReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _open(self) -> bool:
+        try:
+            self._file = open(self.path, "rb")  # noqa: SIM115 (held across reads, closed by close)
+        except FileNotFoundError:
+            return False  # no output of the run yet
+        if self._marked:
+            self._base = self.logs.run_start(self.task_id, self.stream)
+            self._marked = False
+        return True
+
+    def _pread(self, limit: int) -> bytes:
+        assert self._file is not None
+        return os.pread(self._file.fileno(), limit, self._base + self.offset)
+
+    def _moved(self) -> bool:
+        """Whether a reset moved the file read aside (a new run's file, or none yet, in its place)."""
+        assert self._file is not None
+        held = os.fstat(self._file.fileno())
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+    def read(self, limit: int = READ_CHUNK) -> tuple[int, bytes]:
+        """(the offset in the run, up to `limit` bytes from there): b"" when nothing more has been
+        written yet, or when the run read is over (not following)."""
+        while not self._over:
+            if self._file is None and not self._open():
+                break
+            at = self.offset
+            data = self._pread(limit)
+            if not data and self._moved():
+                data = self._pread(limit)  # what was written before the move: the run's last bytes
+                if not data:  # the run read is whole
+                    self.close()
+                    if not self.follow:
+                        self._over = True
+                        break
+                    self._base, self.offset, self.runs = 0, 0, self.runs + 1
+                    continue
+            self.offset += len(data)
+            return at, data
+        return self.offset, b""
+
+    def at_end(self) -> bool:
+        """Nothing is left to read now: no byte of the run read, nor (following) a new run that
+        took its place."""
+        if self._over:
+            return True
+        if self._file is None and not self._open():
+            return True
+        return not self._pread(1) and not (self.follow and self._moved())

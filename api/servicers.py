@@ -274,31 +274,33 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def _log_chunks(
         self, request: jobs_pb2.LogsRequest, tid: str, stream: str, context: Any
     ) -> Iterator[pb.LogChunk]:
-        offset = request.offset
         # From the current process's output on (a service's restarts within the run: the earlier
-        # processes' are the previous run's); a follower goes on into the next ones' as they come.
-        base = self.logs.run_start(tid, stream)
+        # processes' are the previous run's); a follower goes on into the next ones' as they come,
+        # and into the task's next run from its start once a new one moves the run read aside (its
+        # chunks' offsets count from there). A reader behind a reset reads its run to the end.
         placed = False  # a pending task has not run yet: following waits for it to be placed
-        while context.is_active():
-            seen = self.logs.generation
-            data = self.logs.read(tid, stream, base + offset, in_file=True)
-            if data:
-                yield pb.LogChunk(task_id=tid, stream=stream, offset=offset, data=data)
-                offset += len(data)
-                continue
-            if not request.follow:
-                return
-            # The agent ships a task's last output before its end, so once the task has ended,
-            # its run is no longer being stopped (a cancel's grace period), and nothing is left to
-            # read, the stream is complete.
-            task = self.service.get(request.job_id).tasks[request.task_index]
-            placed = placed or task.state not in (TaskState.PENDING, TaskState.SCHEDULED)
-            if task.state in TERMINAL or (placed and task.state in TASK_ENDED):
-                if self.logs.read(tid, stream, base + offset, 1, in_file=True):
+        with self.logs.reader(tid, stream, request.offset, follow=request.follow) as reader:
+            while context.is_active():
+                seen, runs = self.logs.generation, reader.runs
+                at, data = reader.read()
+                if reader.runs != runs:
+                    placed = False  # a new run: followed until it ends in turn
+                if data:
+                    yield pb.LogChunk(task_id=tid, stream=stream, offset=at, data=data)
                     continue
-                if not self.stopping(tid):
+                if not request.follow:
                     return
-            self.logs.wait(seen, timeout=0.5)
+                # The agent ships a task's last output before its end, so once the task has ended,
+                # its run is no longer being stopped (a cancel's grace period), and nothing is left
+                # to read, the stream is complete.
+                task = self.service.get(request.job_id).tasks[request.task_index]
+                placed = placed or task.state not in (TaskState.PENDING, TaskState.SCHEDULED)
+                if task.state in TERMINAL or (placed and task.state in TASK_ENDED):
+                    if not reader.at_end():
+                        continue
+                    if not self.stopping(tid):
+                        return
+                self.logs.wait(seen, timeout=0.5)
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
