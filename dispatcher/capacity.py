@@ -21,10 +21,14 @@ the units behind it from reclaiming (the dispatcher's `_claims`).
 Guarantees protect against other queues' preemption too: every unit carries, in `Unit.floors`,
 the floor of each queue with a guarantee (`QueueFloor`): usage a shard's cross-queue
 evictions must leave that queue, whether they reclaim or preempt by priority. So reclaim takes
-only what others borrow, and a borrower never takes from a queue within its guarantee. The unit's
-own queue's floor is there too: a swap by priority inside a queue (a CPU task evicting a GPU task
-of its own queue) must not take it from its floor to below it, or it would reclaim from the
-others, whose higher-priority tasks would then preempt it back, round after round.
+only what others borrow, and a borrower never takes from a queue within its guarantee. Reclaim
+asks no priority: a guarantee is the queue's share against the others, whatever the priorities of
+the borrowers' tasks (Volcano's reclaim action, YARN's preemption between queues). Inside a queue
+priority decides, and the unit's own queue's floor is there only for one case: a swap by priority
+(a CPU task evicting a GPU task of its own queue) must not take the queue from its floor to below
+it while another queue borrows, or it would reclaim from the borrower, whose higher-priority
+tasks would then preempt it back, round after round. With none borrowing there is nothing to
+reclaim, and the swap goes by priority (the shard's Pricer, scheduler_shard/preemption.py).
 """
 
 import math
@@ -86,7 +90,8 @@ class CapacityPlanner:
 
     def floors(self, capacity: tuple[int, int, int]) -> list[tuple[QueueFloor, ...]]:
         """Per queue i: the floors of the queues with a guarantee (module docstring), its own
-        included: a unit may not swap its own queue from its floor to below it either."""
+        included: a unit may not swap its own queue from its floor to below it while another
+        queue borrows either."""
         if not any(capacity):
             return [() for _ in self.names]
         floors = tuple(

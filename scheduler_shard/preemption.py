@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays, Resident
-from gosched.common.messages import floor_kept
+from gosched.common.messages import Floor, floor_kept
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.scheduler_shard.class_cache import ClassEntry, passes_dynamic_filters
 from gosched.scheduler_shard.framework.interfaces import Candidate, Mask, VictimSearchingPlugin
@@ -148,6 +148,10 @@ class Census:
     def queue(self, name: str) -> Use | None:
         return _sum(self._view.queues.get(name), self._back_queues.get(name))
 
+    def queue_names(self) -> AbstractSet[str]:
+        """The queues holding tasks."""
+        return self._view.queues.keys() | self._back_queues.keys()
+
 
 def _sum(a: Use | None, b: Use | None) -> Use | None:
     if a is None or b is None:
@@ -169,15 +173,17 @@ class Pricer:
     - a task of the unit's own queue is no other queue's loss: its guarantee protects it from
       other queues' preemptors, not from its own higher-priority jobs. Only the swap itself is
       judged: the victims the task displaces, traded for the task (and the unit's tasks placed
-      before it), must leave the queue its floor in some resource, unless it was below already:
-      a queue that traded itself below its guarantee (a CPU task for a GPU one) would then
-      reclaim from the others, whose higher-priority tasks preempt it back, for ever. The rest
-      of a gang the victims break is not counted there: that is the gang's all-or-nothing rule,
-      not a trade, and the gang requeued whole cannot reclaim (the queue with it back and the
-      task in would be past its floor again).
+      before it), must leave the queue its floor in some resource, unless it was below already
+      or no other queue borrows: a queue that traded itself below its guarantee (a CPU task for
+      a GPU one) would then reclaim from the borrowers, whose higher-priority tasks preempt it
+      back, for ever; with none borrowing there is nothing to reclaim, and priority decides. The
+      rest of a gang the victims break is not counted there: that is the gang's all-or-nothing
+      rule, not a trade, and the gang requeued whole cannot reclaim (the queue with it back and
+      the task in would be past its floor again).
     """
 
     __slots__ = (
+        "_borrowed",
         "_taken",
         "adds",
         "coming_back",
@@ -215,6 +221,7 @@ class Pricer:
             if action == EVICT and r.job_id != self.own_job:
                 self.done.setdefault(r.job_id, []).append(r)
         self._taken: dict[str, Use] | None = None
+        self._borrowed: bool | None = None  # another queue borrows (others_borrow), once asked
         self.refused = ""  # the rule the last refused price() broke, as explain tells it
 
     def floored(self, r: Resident) -> bool:
@@ -267,6 +274,19 @@ class Pricer:
                         for i, x in enumerate(self._removed(first, vs)):
                             acc[i] += x
         return self._taken.get(queue, [0, 0, 0, 0])
+
+    def others_borrow(self) -> bool:
+        """A queue other than the unit's holds past its guarantee in the view (one without a
+        guarantee: anything), as the dispatcher's `CapacityPlanner.borrowing` counts: one that the
+        unit's queue, below its guarantee, would reclaim from. Asked only of a swap that would take
+        the unit's own queue below its floor."""
+        if self._borrowed is None:
+            census = self.census()
+            own, floors = self.own_queue, self.floors
+            self._borrowed = any(
+                _borrows(census.queue(q), floors.get(q)) for q in census.queue_names() if q != own
+            )
+        return self._borrowed
 
     def _may_come_back(self, job: str, evicting: AbstractSet[str]) -> bool:
         """The budget's refusal may not hold once the binder answers this shard's plans in
@@ -332,6 +352,8 @@ class Pricer:
                 left = [x + a + p for x, a, p in zip(left, self.adds, self._placed_since(), strict=True)]
             if not floor_kept(left, floor):
                 if queue == self.own_queue:
+                    if not self.others_borrow():
+                        continue  # nothing to reclaim below the floor: the swap starts no cycle
                     self.refused = (
                         f"its own queue {queue}'s guarantee (the swap would leave {queue} below it)"
                     )
@@ -339,6 +361,16 @@ class Pricer:
                     self.refused = f"queue {queue}'s guarantee"
                 return None  # the queue would fall below its guarantee
         return lost, lost_priority
+
+
+def _borrows(use: Use | None, floor: Floor | None) -> bool:
+    """A queue holding `use` borrows: past its floor in some resource (its dominant share above
+    its guarantee), or holding anything without a floor (no guarantee)."""
+    if use is None or not use[0]:
+        return False
+    if floor is None:
+        return True
+    return any(f is not None and x > f for x, f in zip(use[1:], floor, strict=True))
 
 
 def victims_on_row(

@@ -4,7 +4,8 @@ A queue's guarantee protects it from other queues' preemptors; its own higher-pr
 still take its lower-priority ones, a gang included: the rest of a gang the eviction breaks is the
 gang's own all-or-nothing rule, not a trade the queue makes (Pricer in scheduler_shard/preemption.py).
 What the own queue's floor still refuses is a swap whose victims themselves, traded for the
-preemptor, leave the queue below its guarantee (test_queue_preemption's swap-and-reclaim cycle).
+preemptor, leave the queue below its guarantee while another queue borrows (test_queue_preemption's
+swap-and-reclaim cycle; with none borrowing, tests/test_same_queue_floor.py).
 """
 
 from dataclasses import dataclass
