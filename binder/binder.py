@@ -62,6 +62,7 @@ from gosched.common.messages import (
     RejectedUnit,
     TaskBound,
     TaskReleased,
+    TaskUp,
 )
 from gosched.common.node import Node, NodeState
 from gosched.common.states import TaskState
@@ -322,6 +323,26 @@ class Binder:
         changes: list[Change] = [TaskReleased(tid, TaskState.CANCELLED.value) for tid in ended]
         self._guarded(lambda: self.store.set_version(self.version + len(changes)))
         self._publish(changes)
+
+    def started(self, task_ids: Iterable[str]) -> bool:
+        """Tasks whose process started on their node (bound -> running at the dispatcher): those
+        down through a disruption are up again, as Kubernetes counts a pod available once it is
+        ready, not once it is scheduled. True if one was: a preemption its job's budget refused
+        may now go ahead. Nothing is stored: the store tells a running task from one bound again
+        and not yet started (Store.load_down)."""
+        down = self.truth.arrays.down_tasks
+        if not down:
+            return False
+        held = self.truth.arrays.task_row
+        up = [tid for tid in dict.fromkeys(task_ids) if tid in down and tid in held]
+        if not up:
+            return False
+        self._writable()
+        down.discard_many(up)
+        changes: list[Change] = [TaskUp(tid) for tid in up]
+        self._guarded(lambda: self.store.set_version(self.version + len(changes)))
+        self._publish(changes)
+        return True
 
     def release(
         self, task_ids: Iterable[str], reason: str, why: Mapping[str, str] | None = None

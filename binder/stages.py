@@ -292,7 +292,7 @@ class QueueFloorsHold:
 
 class DisruptionBudgetsHold:
     """Evicting the unit's victims takes no job with a disruption_budget past it: its tasks down
-    already (evicted or lost and not bound since, earlier evictions of this batch included) and
+    already (evicted or lost and not running since, earlier evictions of this batch included) and
     those this unit takes down (its victims, and the rest of each gang they break) stay within
     the budget, as the shard's victim pricing judged it on its view. Per node, as queue_floors."""
 
@@ -369,7 +369,9 @@ def _budget_broken(state: BinderState, victims: list[Resident]) -> str | None:
         budget = direct[0].disruption_budget
         assert budget is not None  # only such victims are judged
         already = down.count(job_id)
-        if already + len(_gone_with(state, direct)) > budget:
+        # A victim bound again and not yet running is down already: evicting it adds none.
+        going = sum(1 for r in _gone_with(state, direct) if r.task_id not in down)
+        if already + going > budget:
             return (
                 f"evicting its victims would take job {job_id} past its disruption budget "
                 f"({budget}, {already} down already)"

@@ -145,18 +145,19 @@ class BinderState:
         self.job_tasks.setdefault(r.job_id, set()).add(r.task_id)
         if self._queue_use:
             self._count_queue(r, 1)
-        if self.arrays.down_tasks:
-            self.arrays.down_tasks.discard_many((r.task_id,))
 
     def release(self, tid: str, *, down: bool = False) -> tuple[int, Resident] | None:
         """Free the task's room; `down`: through a disruption (evicted, lost), which its job's
-        disruption budget counts until it is bound again."""
+        disruption budget counts until it runs again. Any other end (finished, cancelled) takes
+        a task bound again but not yet running off that count."""
         got = self.arrays.release(tid)
         if got is not None:
             r = got[1]
             self._forget(r)
             if down and r.disruption_budget is not None:
                 self.arrays.down_tasks.add(r.job_id, tid)
+            elif not down and self.arrays.down_tasks:
+                self.arrays.down_tasks.discard_many((tid,))
         return got
 
     def _forget(self, r: Resident) -> None:
@@ -183,8 +184,6 @@ class BinderState:
         if self._queue_use:
             for r in residents:
                 self._count_queue(r, 1)
-        if self.arrays.down_tasks:
-            self.arrays.down_tasks.discard_many(r.task_id for r in residents)
 
     def _count_queue(self, r: Resident, sign: int) -> None:
         use = self._queue_use.get(r.queue)

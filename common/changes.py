@@ -3,7 +3,7 @@
 from gosched.common.cluster_state import ClusterArrays, Resident
 from gosched.common.disruptions import DOWN, DOWN_REASONS
 from gosched.common.job import split_task_id
-from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound, TaskReleased
+from gosched.common.messages import Change, NodeRemoved, NodeUpserted, TaskBound, TaskReleased, TaskUp
 
 
 def apply_change(state: ClusterArrays, change: Change) -> None:
@@ -12,8 +12,6 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
         resident = change.resident
         row = state.row_of.get(change.node)
         held = state.task_row.get(resident.task_id)
-        if state.down_tasks:  # bound again: up (a shard's own plan may have placed it already)
-            state.down_tasks.discard_many((resident.task_id,))
         if held is None:
             if row is not None:
                 state.place(row, resident)
@@ -21,11 +19,17 @@ def apply_change(state: ClusterArrays, change: Change) -> None:
             # A shard's own placement, bound as planned: same usage; keep the binder's record.
             state.swap_record(row, resident)
     elif isinstance(change, TaskReleased):
-        state.release(change.task_id)
         reason = change.reason
-        if reason == DOWN:  # the binder's note after an eviction or a loss, or a snapshot's
+        if reason == DOWN:
+            # The binder's note after an eviction or a loss (released by the change before it), or
+            # a snapshot's, whose task may be bound again and not yet running: it releases nothing.
             state.down_tasks.add(split_task_id(change.task_id)[0], change.task_id)
-        elif reason not in DOWN_REASONS and state.down_tasks:  # it ended (its job cancelled)
+            return
+        state.release(change.task_id)
+        if reason not in DOWN_REASONS and state.down_tasks:  # it ended (finished, its job cancelled)
+            state.down_tasks.discard_many((change.task_id,))
+    elif isinstance(change, TaskUp):
+        if state.down_tasks:
             state.down_tasks.discard_many((change.task_id,))
     elif isinstance(change, NodeUpserted):
         state.upsert_node(change.node)
@@ -79,5 +83,3 @@ def _apply_bindings(state: ClusterArrays, bindings: list[TaskBound]) -> None:
             apply_change(state, change)
         return
     state.place_many(rows, fresh)
-    if state.down_tasks:  # bound again: up, placed here or by the shard's own plan before
-        state.down_tasks.discard_many(change.resident.task_id for change in bindings)

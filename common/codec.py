@@ -58,6 +58,7 @@ from gosched.common.messages import (
     RejectedUnit,
     TaskBound,
     TaskReleased,
+    TaskUp,
     Unit,
     UnitBatch,
     Unschedulable,
@@ -381,6 +382,7 @@ for _tag, _cls in {
     44: BindReply,
     45: AcceptedUnit,
     46: QueueFloor,
+    47: TaskUp,
 }.items():
     register_dataclass(_cls, _tag, memo=_cls is TaskGroup)
 

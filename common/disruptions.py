@@ -1,15 +1,19 @@
 """The tasks of each job with a disruption_budget that are down through a disruption: evicted, or
-lost with their node (a failed task run again leaves its node as a lost one), until they are
-bound again. A job's budget counts them, as a Kubernetes PodDisruptionBudget counts the pods
-unavailable: a preemption that would take more of its tasks down than the budget allows is
-refused, however many preemptions came before.
+lost with their node (a failed task run again leaves its node as a lost one), until they run
+again: bound is not enough, their agent must report the process started. A job's budget counts
+them, as a Kubernetes PodDisruptionBudget counts the pods unavailable until they are ready: a
+preemption that would take more of its tasks down than the budget allows is refused, however
+many preemptions came before, and however long the tasks taken take to start again (an image
+pull, a slow node).
 
-The binder keeps the truth (binder/state.py, rebuilt from the store at a restart); each shard
-keeps its view's from the binder's changes (common/changes.py): the binder follows each release
-that takes a counted task down (a DOWN_REASON) with a TaskReleased(task, DOWN) note, as a resync's
-snapshot names the tasks down; a binding brings a task up, and any other release of it (its job
-cancelled) ends it. The notes, not the shard's view, tell: a plan of the shard's own in flight
-may hold the task in the view, or not, whatever the binder did."""
+The binder keeps the truth (binder/state.py, rebuilt from the store at a restart: a preempted
+row, or a pending or bound one past its first attempt); each shard keeps its view's from the
+binder's changes (common/changes.py): the binder follows each release that takes a counted task
+down (a DOWN_REASON) with a TaskReleased(task, DOWN) note, as a resync's snapshot names the tasks
+down (bound again or not: the note releases nothing); a TaskUp brings a task up once it runs,
+and any other release of it (it ended, its job was cancelled) ends it. The notes, not the
+shard's view, tell: a plan of the shard's own in flight may hold the task in the view, or not,
+whatever the binder did."""
 
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet

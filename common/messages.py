@@ -365,7 +365,16 @@ class TaskReleased:
     reason: str  # preempted | succeeded | failed | cancelled | lost
 
 
-Change = NodeUpserted | NodeRemoved | TaskBound | TaskReleased
+@fast_pickle
+@dataclass(slots=True)
+class TaskUp:
+    """A task down through a disruption runs again (its agent reported its process started): its
+    job's disruption budget counts it no more (common/disruptions.py). Holds nothing new."""
+
+    task_id: str
+
+
+Change = NodeUpserted | NodeRemoved | TaskBound | TaskReleased | TaskUp
 
 
 class ChangeList(list[Change]):

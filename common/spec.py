@@ -25,7 +25,7 @@ Job spec (every key optional unless marked)::
                                #   but cancelled, and refused at submission (Settings.end_missed_deadlines)
     labels: {team: vision}     # Kubernetes label syntax
     disruption_budget: 2       # int >= 0, or null: no limit; at most this many of the job's tasks
-                               #   down at once through preemption (evicted or lost, not yet back)
+                               #   down at once through preemption (evicted or lost, not yet running again)
     time_limit: 1h30m          # how long each task may run from its start (then it is stopped and
                                #   fails): seconds as a number, or "90s", "45m", "2h", "1d", "1h30m",
                                #   or Slurm's "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"

@@ -63,7 +63,7 @@ class LocalControl:
 
     # -- task lives -------------------------------------------------------------------------------------
     def started(self, task_ids: Sequence[str]) -> None:
-        self.pipeline.dispatcher.on_started(task_ids)
+        self.pipeline.started(task_ids)
 
     def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:
         return self.pipeline.store.task_attempts(task_ids)

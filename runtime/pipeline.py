@@ -133,6 +133,14 @@ class Pipeline:
             self.dispatcher.on_retried(again, self.binder.lose(again), reasons)
         self.sync_shards()  # see the room now: a verdict on the old view would be trusted
 
+    def started(self, task_ids: Sequence[str]) -> None:
+        """Tasks whose process started on their node: running, and, if down through a disruption,
+        up again, which may let a preemptor their job's budget held back go ahead."""
+        self.dispatcher.on_started(task_ids)
+        if self.binder.started(task_ids):
+            self.dispatcher.notify_cluster_changed()
+            self.sync_shards()
+
     def cancel(self, job_id: str) -> None:
         holding = self.dispatcher.cancel(job_id)
         self.binder.cancel_job(job_id, holding)

@@ -626,6 +626,9 @@ class BinderCore:
     def lose(self, task_ids: Sequence[str]) -> list[str]:
         return self.binder.lose(task_ids)
 
+    def started(self, task_ids: Sequence[str]) -> bool:
+        return self.binder.started(task_ids)
+
     def remove_node(self, name: str) -> list[str]:
         return self.binder.remove_node(name)
 

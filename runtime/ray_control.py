@@ -419,7 +419,13 @@ class RayControl:
     # -- task lives -------------------------------------------------------------------------------------
     @_answered()
     def started(self, task_ids: Sequence[str]) -> None:
-        ray.get(self.rs.dispatcher.on_started.remote(list(task_ids)))
+        ids = list(task_ids)
+        ray.get(self.rs.dispatcher.on_started.remote(ids))
+        # A task down through a disruption is up once it runs: a preemptor its job's budget held
+        # back may go ahead (as on_released's room would let it).
+        if ray.get(self.rs.binder.started.remote(ids)):
+            ray.get(self.rs.dispatcher.notify_cluster_changed.remote())
+            self._resync_shards()
 
     @_answered()
     def task_attempts(self, task_ids: Sequence[str]) -> dict[str, int]:

@@ -165,8 +165,8 @@ class Pricer:
     - a victim whose job would fall below its min_member takes every bound task of the job with
       it (the binder breaks the gang), and that is what the eviction costs;
     - a job's disruption_budget bounds its tasks down at once: those down already (evicted or
-      lost, not bound since: ClusterArrays.down_tasks) and those the unit takes, gang breaks
-      included;
+      lost, not running since: ClusterArrays.down_tasks) and those the unit takes, gang breaks
+      included (a victim down already, bound again and not yet running, takes none more);
     - a task of another queue with a floor (quota_of) is a victim only while its queue keeps
       the floor in some resource, gang breaks included: no preemption takes a queue below its
       guarantee, whoever preempts and whatever the priority;
@@ -288,14 +288,17 @@ class Pricer:
             )
         return self._borrowed
 
-    def _may_come_back(self, job: str, evicting: AbstractSet[str]) -> bool:
-        """The budget's refusal may not hold once the binder answers this shard's plans in
-        flight: one evicts a task of `job` (refused, the task stays up), or binds one of its
-        tasks down again."""
-        if evicting:
-            return True
+    def _down_among(self, job: str, victims: list[Resident], lost: int) -> int:
+        """Of the `lost` tasks of `job` (its victims, or its whole gang they break), those down
+        already: bound again and not yet running. Evicting them takes no more of its budget."""
         down = self.state.down_tasks.tasks_of(job)
-        return bool(down) and self.plans is not None and not self.plans.placed().isdisjoint(down)
+        if not down:
+            return 0
+        whole = self.census().job(job)
+        if whole is not None and lost == whole[0]:
+            held = self.state.task_row
+            return sum(1 for tid in down if tid in held)
+        return sum(1 for v in victims if v.task_id in down)
 
     def price(self, victims: list[Resident]) -> tuple[int, int] | None:
         """(tasks lost, their priorities summed) if evicting `victims` keeps every rule, else None."""
@@ -320,13 +323,16 @@ class Pricer:
                 # Evicted by this shard's other plans at the binder: down once it commits them.
                 evicting = _NONE if self.plans is None else self.plans.evicting(job)
                 going = sum(1 for tid in evicting if tid not in down_tasks) if evicting else 0
-                if down + going + after[0] > budget:
+                taken = after[0] - (self._down_among(job, [*prior, *vs], after[0]) if down else 0)
+                if down + going + taken > budget:
                     already = f", {down} down already" if down else ""
                     if going:
                         already += f"{' and' if down else ','} {going} being evicted"
                     self.refused = f"job {first.job_id}'s disruption budget ({budget}{already})"
-                    if not self.coming_back:
-                        self.coming_back = self._may_come_back(job, evicting)
+                    # It may not hold once the binder answers this shard's plans in flight: one
+                    # evicts a task of `job` (refused, the task stays up). A task bound again
+                    # comes up only when it runs (common/disruptions.py), not with an answer.
+                    self.coming_back = self.coming_back or bool(evicting)
                     return None
             n = after[0] - before[0]
             lost += n

@@ -21,6 +21,7 @@ from gosched.common.messages import (
     ProposalBatch,
     TaskBound,
     TaskReleased,
+    TaskUp,
     UnitBatch,
 )
 from gosched.scheduler_shard.class_cache import ClassCache
@@ -172,7 +173,7 @@ def _touches_assumptions(live: list[UnitContext], changes: list[Change]) -> bool
         if isinstance(change, TaskBound):
             if change.resident.task_id in assumed:
                 return True
-        elif isinstance(change, TaskReleased):
+        elif isinstance(change, TaskReleased | TaskUp):
             if change.task_id in assumed:
                 return True
         else:  # NodeUpserted, NodeRemoved: rare; take the careful path

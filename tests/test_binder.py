@@ -112,6 +112,7 @@ class Case:
     rejected: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     evicted: list[tuple[str, str]] = field(default_factory=list)
     before: list[Proposal] = field(default_factory=list)  # committed first, all accepted
+    started: tuple[str, ...] = ()  # then reported running by their agents
 
 
 def cpu_job(job_id: str, cpu: str, **kw: object) -> Job:
@@ -297,16 +298,38 @@ CASES: dict[str, Case] = {
         rejected=[("h2", "disruption_budgets", (0,))],
         evicted=[("svc/0", "h1")],
     ),
-    "disruption_budget_has_room_again_once_the_task_is_bound_again": Case(
+    "disruption_budget_has_room_again_once_the_task_runs_again": Case(
         [N4, N4B, replace(N4, name="n3")],
         [prop(cpu_job("h2", "4", priority=100), at(0, "n2", victims=("svc/1",)))],
         before=[
             prop(SVC, at(0, "n1"), at(1, "n2")),
             prop(H1, at(0, "n1", victims=("svc/0",))),
-            prop(SVC, at(0, "n3")),  # svc/0 runs again
+            prop(SVC, at(0, "n3")),  # svc/0 is bound again
         ],
+        started=("svc/0",),  # and runs
         accepted={"h2": [0]},
         evicted=[("svc/1", "h2")],
+    ),
+    "disruption_budget_counts_the_task_bound_again_until_it_runs": Case(
+        [N4, N4B, replace(N4, name="n3")],
+        [prop(cpu_job("h2", "4", priority=100), at(0, "n2", victims=("svc/1",)))],
+        before=[
+            prop(SVC, at(0, "n1"), at(1, "n2")),
+            prop(H1, at(0, "n1", victims=("svc/0",))),
+            prop(SVC, at(0, "n3")),
+        ],
+        rejected=[("h2", "disruption_budgets", (0,))],
+    ),
+    "disruption_budget_lets_a_victim_down_already_go_again": Case(
+        [N4, N4B, replace(N4, name="n3")],
+        [prop(cpu_job("h2", "4", priority=100), at(0, "n3", victims=("svc/0",)))],
+        before=[
+            prop(SVC, at(0, "n1"), at(1, "n2")),
+            prop(H1, at(0, "n1", victims=("svc/0",))),
+            prop(SVC, at(0, "n3")),  # bound again, not yet running: down still, evicting it adds none
+        ],
+        accepted={"h2": [0]},
+        evicted=[("svc/0", "h2")],
     ),
     "disruption_budget_counts_the_gang_a_victim_breaks": Case(
         [N4, N4B],
@@ -673,6 +696,8 @@ def test_stage_scenarios(tmp_path: Path, name: str, vectorised: bool) -> None:
     b.add_nodes(case.nodes)
     for p in case.before:
         assert not commit(b, p).rejected
+    if case.started:
+        b.started(case.started)
     reply = commit(b, *case.batch)
     accepted, rejected, evicted = outcome(reply)
     assert accepted == case.accepted

@@ -49,6 +49,7 @@ from gosched.common.messages import (
     RejectedUnit,
     TaskBound,
     TaskReleased,
+    TaskUp,
     Unit,
     UnitBatch,
     Unschedulable,
@@ -163,6 +164,7 @@ VALUES: list[tuple[str, object]] = [
     ("NodeRemoved", NodeRemoved("gpu-1")),
     ("TaskBound", TaskBound("gpu-1", RESIDENT)),
     ("TaskReleased", TaskReleased("train-1/0", "preempted")),
+    ("TaskUp", TaskUp("train-1/0")),
     ("AcceptedUnit", AcceptedUnit.of("train-1", 0, [PLACEMENT], 1.7e9)),
     ("RejectedUnit", RejectedUnit("train-1", (0, 1), "GPU 2 is not free", "gpu")),
     ("Eviction", Eviction("other/0", "other", 0, "train-1")),
@@ -372,6 +374,7 @@ changes = st.one_of(
     st.builds(NodeRemoved, st.text(max_size=10)),
     st.builds(TaskBound, st.text(max_size=10), residents),
     st.builds(TaskReleased, st.text(max_size=10), st.sampled_from(["preempted", "succeeded", "lost"])),
+    st.builds(TaskUp, st.text(max_size=10)),
 )
 bind_replies = st.builds(
     BindReply,

@@ -1,5 +1,6 @@
 """A job's disruption_budget counts its tasks down at once, as a Kubernetes PodDisruptionBudget
-counts the unavailable pods: evicted or lost and not bound since, whichever preemption took them.
+counts the unavailable pods: evicted or lost and not running since (bound again is not enough),
+whichever preemption took them.
 Through the in-process pipeline (the shard's pricing and the binder's disruption_budgets stage),
 across a master restart (rebuilt from the store), and in a shard's resync."""
 
@@ -16,7 +17,7 @@ from tests.builders import make_job, make_node
 from tests.test_binder import H1, N4, N4B, SVC, at, commit, open_binder, prop
 from tests.test_dispatcher_support import Clock
 
-NODES = [make_node(f"n{i}").cpu("1").mem("4Gi").build() for i in range(4)]
+NODES = [make_node(f"n{i}").cpu("1").mem("4Gi").label(slot=f"n{i}").build() for i in range(4)]
 
 
 def _pipeline(tmp_path: Path, clock: Clock) -> Pipeline:
@@ -43,6 +44,12 @@ def _started(tmp_path: Path, budget: int, preemptors: int) -> tuple[Pipeline, Cl
     _service(p, budget)
     _preemptors(p, preemptors)
     return p, clock
+
+
+def _node_of(p: Pipeline, task_id: str) -> str:
+    node = p.binder.state.nodes[p.binder.state.task_row[task_id]]
+    assert node is not None
+    return node.name
 
 
 def _running(p: Pipeline, prefix: str) -> int:
@@ -75,15 +82,63 @@ def test_the_budget_tells_why_a_preemptor_waits_and_holds_across_a_restart(tmp_p
     again.close()
 
 
-def test_the_task_bound_again_gives_the_budget_back(tmp_path: Path) -> None:
-    p, _ = _started(tmp_path, 1, 1)
-    p.complete(["h0/0"])  # its node is free: the evicted task runs again
+def test_the_task_down_counts_until_it_runs_again_not_once_it_is_bound(tmp_path: Path) -> None:
+    """As a PodDisruptionBudget counts a recreated pod unavailable until it is ready: svc's evicted
+    task, bound again, is still down until its agent reports it started (an image pull may take
+    minutes). Then the preemptor its budget held back goes ahead at once, not at a periodic
+    retry."""
+    p, clock = _started(tmp_path, 1, 1)
+    (back,) = p.binder.state.down_tasks.of_job("svc")
+    p.complete(["h0/0"])  # its node is free: the evicted task is bound again
     p.run_until_idle()
-    assert _running(p, "svc/") == 4 and p.binder.state.down_tasks.count("svc") == 0
-    p.submit(make_job("later").cpu("1").priority(100).build())
+    assert _running(p, "svc/") == 4 and p.binder.state.down_tasks.count("svc") == 1
+    # Not on its node: evicting the task down again would take no more of the budget.
+    p.submit(make_job("later").cpu("1").priority(100).require("slot", "NotIn", _node_of(p, back)).build())
     p.run_until_idle()
+    assert p.dispatcher.job_state("later") is JobState.PENDING
+    assert "job svc's disruption budget (1, 1 down already)" in p.dispatcher.explain("later")
+    p.close()
+    p = _pipeline(tmp_path, clock)  # bound again and not started: down across a restart too
+    assert list(p.binder.state.down_tasks.items()) == [("svc", back)]
+    assert all(list(shard.state.down_tasks.items()) == [("svc", back)] for shard in p.shards)
+    assert all(back in shard.state.task_row for shard in p.shards)  # the snapshot's note keeps it placed
+    p.run_until_idle()
+    assert p.dispatcher.job_state("later") is JobState.PENDING
+    p.started([back])
+    assert not p.binder.state.down_tasks and not p.shards[0].state.down_tasks
+    p.run_until_idle()  # no clock advance: woken by the start, not by the periodic retry
     assert p.dispatcher.job_state("later") is JobState.RUNNING
     assert _running(p, "svc/") == 3 and p.binder.state.down_tasks.count("svc") == 1
+    p.close()
+
+
+def test_a_task_down_that_ends_before_it_runs_again_counts_no_more(tmp_path: Path) -> None:
+    """svc's evicted task, bound again, fails before it starts (its image would not pull): it is
+    not down any more, in the binder and the shards, and a restart finds it so."""
+    p, clock = _started(tmp_path, 1, 1)
+    (back,) = p.binder.state.down_tasks.of_job("svc")
+    p.complete(["h0/0"])
+    p.run_until_idle()
+    p.complete([back], TaskState.FAILED, {back: "image pull failed"})
+    assert not p.binder.state.down_tasks and not p.shards[0].state.down_tasks
+    p.close()
+    p = _pipeline(tmp_path, clock)
+    assert not p.binder.state.down_tasks
+    p.close()
+
+
+def test_a_victim_down_already_takes_no_more_of_the_budget(tmp_path: Path) -> None:
+    """Evicting svc's task that was bound again and has not started leaves svc's count as it was:
+    with a budget of 1 and that task down, it may be evicted again, and no other task of svc."""
+    p, _ = _started(tmp_path, 1, 1)
+    (back,) = p.binder.state.down_tasks.of_job("svc")
+    p.complete(["h0/0"])
+    p.run_until_idle()
+    p.submit(make_job("pinned").cpu("1").priority(100).selector(slot=_node_of(p, back)).build())
+    p.run_until_idle()
+    assert p.dispatcher.job_state("pinned") is JobState.RUNNING
+    assert back not in p.binder.state.task_row and p.binder.state.down_tasks.count("svc") == 1
+    assert _running(p, "svc/") == 3
     p.close()
 
 
@@ -106,13 +161,13 @@ def test_a_shard_resynced_from_a_snapshot_counts_the_tasks_down(tmp_path: Path) 
     p.close()
 
 
-def test_a_preemptor_refused_while_the_task_down_is_being_bound_again_is_tried_once_that_is_answered(
+def test_a_preemptor_refused_while_the_task_down_is_bound_again_goes_ahead_once_it_runs(
     tmp_path: Path,
 ) -> None:
     """Pipelined rounds, as the Ray shard runs them (a batch planned while the last is at the
-    binder): h1 is refused by svc's budget on a view where the shard's own plan in flight binds
-    svc's task down again. The verdict holds only until that plan is answered, so h1 is tried
-    then, not after the periodic retry of an unschedulable job (60 s)."""
+    binder): h1 is refused by svc's budget while svc's task down is bound again, and stays refused
+    once that binding is answered (the task has not started). Its start wakes h1 at once, not after
+    the periodic retry of an unschedulable job (60 s)."""
     clock = Clock(1_000_000.0)
     nodes = [make_node(f"n{i}").cpu("1").mem("4Gi").build() for i in range(2)]
     nodes.append(make_node("n2").cpu("1").mem("4Gi").taint("svc-only").build())
@@ -125,6 +180,7 @@ def test_a_preemptor_refused_while_the_task_down_is_being_bound_again_is_tried_o
         p.submit(make_job(name).cpu("1").priority(100).build())
         p.run_until_idle()
     assert p.dispatcher.job_state("h1") is JobState.PENDING  # svc has one task down already
+    (back,) = p.binder.state.down_tasks.of_job("svc")
     shard = p.shards[0]
     held: list[ProposalBatch] = []
 
@@ -139,13 +195,20 @@ def test_a_preemptor_refused_while_the_task_down_is_being_bound_again_is_tried_o
                 p.dispatcher.on_unschedulable(batch.unschedulable)
         held[:] = [planned] if planned is not None else []
 
-    released = p.binder.release(["mid/0"], "succeeded")  # its node frees: svc's task runs again
+    def rounds(seconds: float) -> None:
+        start = clock.now
+        while p.dispatcher.job_state("h1") is not JobState.RUNNING and clock.now - start < seconds:
+            clock.advance(0.5)
+            pipelined_round()
+
+    released = p.binder.release(["mid/0"], "succeeded")  # its node frees: svc's task is bound again
     p.dispatcher.on_released(released, TaskState.SUCCEEDED)
     p.sync_shards()
+    rounds(10.0)
+    assert back in p.binder.state.task_row and p.dispatcher.job_state("h1") is JobState.PENDING
+    p.started([back])
     start = clock.now
-    while p.dispatcher.job_state("h1") is not JobState.RUNNING and clock.now - start < 90.0:
-        clock.advance(0.5)
-        pipelined_round()
+    rounds(90.0)
     assert p.dispatcher.job_state("h1") is JobState.RUNNING
     assert clock.now - start < 10.0
     p.close()

@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray")
 from gosched.common.config import ProfileConfig, Settings  # noqa: E402
 from gosched.common.job import Job  # noqa: E402
 from gosched.common.node import Node  # noqa: E402
+from gosched.common.states import TaskState  # noqa: E402
 from gosched.runtime import ray_actors, ray_cluster  # noqa: E402
 from gosched.runtime.ray_bench import run_ray_bench  # noqa: E402
 from gosched.runtime.ray_cluster import RayScheduler  # noqa: E402
@@ -398,3 +399,51 @@ def test_the_largest_reply_counts_from_its_reset(tmp_path: Path) -> None:
         assert 0 < after["largest_reply"] <= sent < warm["largest_reply"]
     finally:
         rs.shutdown()
+
+
+def test_a_preemptor_a_budget_held_back_goes_ahead_once_the_task_down_runs_through_the_actors(
+    tmp_path: Path,
+) -> None:
+    """svc's evicted task is bound again but has not started: its budget (1) still counts it, so h1
+    waits. Its agent's start report reaches the binder through the control plane and wakes h1,
+    which then runs well before the periodic retry of an unschedulable job (60 s)."""
+    from gosched.runtime.ray_control import RayControl
+
+    nodes = [make_node(n).cpu("1").mem("4Gi").label(slot=n).build() for n in ("a", "b")]
+    control = RayControl(Settings(store_path=str(tmp_path / "gosched.db"), shards=1), nodes)
+
+    def placed() -> dict[str, list[str]]:
+        return {n: sorted(t) for n, t in control.residents(["a", "b"]).items()}
+
+    def bound() -> set[str]:
+        return {tid for tasks in placed().values() for tid in tasks}
+
+    def settle(until: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            control.step()
+            if until():
+                return
+        pytest.fail(f"not settled in {seconds} s: {what}; residents {placed()}")
+
+    try:
+        control.submit_many([make_job("svc").cpu("1").replicas(2).disruption_budget(1).build()])
+        settle(lambda: sum(map(len, placed().values())) == 2, "svc bound")
+        control.started(["svc/0", "svc/1"])
+        control.submit_many([make_job("h0").cpu("1").priority(100).build()])
+        settle(lambda: "h0/0" in bound(), "h0 evicts one of svc's tasks")
+        (back,) = {"svc/0", "svc/1"} - bound()
+        control.started(["h0/0"])
+        control.finished(["h0/0"], TaskState.SUCCEEDED)
+        settle(lambda: back in bound(), "svc's task bound again")
+        node = next(n for n, tasks in placed().items() if back in tasks)
+        control.submit_many([make_job("h1").cpu("1").priority(100).require("slot", "NotIn", node).build()])
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            control.step()
+        assert "h1/0" not in bound()
+        assert "disruption budget (1, 1 down already)" in control.explain("h1")
+        control.started([back])
+        settle(lambda: "h1/0" in bound(), "h1 runs once svc's task does", 20.0)
+    finally:
+        control.close()
