@@ -278,9 +278,10 @@ def _mapping(value: object, path: str, allowed: Collection[str] | None = None) -
     return value
 
 
-def _list(value: object, path: str) -> Sequence[Any]:
+def _list(value: object, path: str, expected: str = "a list") -> Sequence[Any]:
+    """`value` as a list; `expected` names what the field takes when it takes more than a list."""
     if not isinstance(value, list | tuple):
-        _fail(path, f"expected a list, got {_describe(value)}")
+        _fail(path, f"expected {expected}, got {_describe(value)}")
     return value
 
 
@@ -611,7 +612,8 @@ def _command(value: object, path: str) -> tuple[str, ...]:
         except ValueError as exc:  # unbalanced quotes
             _fail(path, f"cannot split {value!r}: {exc}")
     else:
-        argv = [_str(arg, _item(path, i)) for i, arg in enumerate(_list(value, path))]
+        items = _list(value, path, "a string or a list of strings")
+        argv = [_str(arg, _item(path, i)) for i, arg in enumerate(items)]
     if not argv or not argv[0]:
         _fail(path, "must not be empty: give the program to run")
     for i, arg in enumerate(argv):
@@ -850,6 +852,8 @@ def _deadline(value: object, path: str, now: float | None) -> float | None:
             moment = moment.replace(tzinfo=UTC)
         deadline = moment.timestamp()
     else:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _fail(path, f"expected an ISO-8601 time, unix seconds or now+DURATION, got {_describe(value)}")
         deadline = _number(value, path)
     if deadline <= 0:
         _fail(path, f"must be after 1970-01-01, got {value!r}")
@@ -874,6 +878,8 @@ def _time_limit(value: object, path: str) -> float | None:
         return None
     if isinstance(value, str):
         seconds = _duration_text(value.strip(), path)
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        _fail(path, f"expected a number of seconds or a duration (1h30m), got {_describe(value)}")
     else:
         seconds = _number(value, path)
     if seconds <= 0:
@@ -1205,7 +1211,7 @@ def _gpu_shorthand(spec: Mapping[str, Any], path: str) -> tuple[Gpu, ...]:
 def _node_gpus(value: object, path: str) -> tuple[Gpu, ...]:
     if isinstance(value, Mapping):
         return _gpu_shorthand(_mapping(value, path, _GPU_SHORTHAND_KEYS), path)
-    items = _list(value, path)
+    items = _list(value, path, "a list of GPUs or a mapping (count, model, ...)")
     if len(items) > MAX_GPUS:
         _fail(path, f"{len(items)} GPUs, at most {MAX_GPUS} per node")
     gpus = [_gpu(item, _item(path, i), i) for i, item in enumerate(items)]

@@ -105,7 +105,12 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     ("deadline-now", spec(deadline=NOW), "deadline", "not in the future"),
     ("deadline-iso-past", spec(deadline="2020-01-01T00:00:00Z"), "deadline", "not in the future"),
     ("deadline-garbage", spec(deadline="tomorrow"), "deadline", "is not an ISO-8601 time"),
-    ("deadline-bool", spec(deadline=True), "deadline", "expected a number"),
+    (
+        "deadline-bool",
+        spec(deadline=True),
+        "deadline",
+        "expected an ISO-8601 time, unix seconds or now+DURATION, got a boolean",
+    ),
     ("deadline-numeric-string", spec(deadline="1900000000"), "deadline", "give unix seconds as a number"),
     (
         "deadline-overflow",
@@ -192,7 +197,13 @@ BAD_JOB_SPECS: list[tuple[str, Any, str, str]] = [
     ("command-empty-program", group(command=["", "x"]), "groups[0].command", "must not be empty"),
     ("command-unbalanced", group(command="echo 'oops"), "groups[0].command", "cannot split"),
     ("command-non-string", group(command=["sleep", 10]), "groups[0].command[1]", "expected a string"),
-    ("command-mapping", group(command={"run": "x"}), "groups[0].command", "expected a list"),
+    ("command-mapping", group(command={"run": "x"}), "groups[0].command", "expected a string or a list"),
+    (
+        "command-boolean",
+        group(command=True),
+        "groups[0].command",
+        "expected a string or a list of strings, got a boolean",
+    ),
     ("env-bad-name", group(env={"1X": "a"}), "groups[0].env['1X']", "not an environment variable name"),
     ("env-int-value", group(env={"N": 4}), "groups[0].env['N']", "expected a string"),
     ("env-list", group(env=["A=1"]), "groups[0].env", "expected a mapping"),
@@ -1001,6 +1012,7 @@ BAD_NODE_SPECS: list[tuple[str, Any, str, str]] = [
         "listed twice",
     ),
     ("gpu-peer-string", gpus({"nvlink_peers": ["1"]}), "gpus[0].nvlink_peers[0]", "expected an integer"),
+    ("gpus-boolean", node(gpus=True), "gpus", "expected a list of GPUs or a mapping (count, model, ...)"),
     ("shorthand-no-count", node(gpus={"model": "A100"}), "gpus.count", "required"),
     ("shorthand-too-many", node(gpus={"count": 17}), "gpus.count", "must be <= 16"),
     (

@@ -74,8 +74,8 @@ def test_a_time_limit_is_read_from_seconds_units_or_slurms_clock_forms(
         ("0s", "must be more than 0 seconds"),
         (366 * 86400, "is over 365 days, the longest time limit"),
         ("400d", "is over 365 days"),
-        (True, "expected a number, got a boolean"),
-        ([60], "expected a number"),
+        (True, "expected a number of seconds or a duration (1h30m), got a boolean"),
+        ([60], "expected a number of seconds or a duration"),
         (float("inf"), "must be a finite number"),
     ],
 )
