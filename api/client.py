@@ -290,6 +290,25 @@ class Client:
         `timeout` bounds the whole stream (default: the unary timeout, none when following;
         infinity: none).
         """
+        for _, data in self.log_chunks(
+            job_id, task, stream=stream, follow=follow, offset=offset, timeout=timeout, previous=previous
+        ):
+            yield data
+
+    def log_chunks(
+        self,
+        job_id: str,
+        task: int = 0,
+        *,
+        stream: str = "stdout",
+        follow: bool = False,
+        offset: int = 0,
+        timeout: float | None = None,
+        previous: bool = False,
+    ) -> Iterator[tuple[int, bytes]]:
+        """As `logs`, each chunk with its offset in the run it belongs to: `offset + len(data)` of the
+        last chunk is where to go on from (`offset=`) after a stream lost midway. A follower that goes
+        on into the task's next run gets that run's chunks from offset 0 again."""
         request = jobs_pb2.LogsRequest(
             job_id=job_id, task_index=task, follow=follow, stream=stream, offset=offset, previous=previous
         )
@@ -298,7 +317,7 @@ class Client:
         call = self._jobs.StreamLogs(request, timeout=_grpc_timeout(timeout))
         try:
             for chunk in call:
-                yield bytes(chunk.data)
+                yield int(chunk.offset), bytes(chunk.data)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         finally:

@@ -427,7 +427,7 @@ def logs(
         wrote = False
         stream = "stderr" if stderr else "stdout"
         try:
-            for data in client.logs(job, task, stream=stream, follow=follow, previous=previous):
+            for data in _log_bytes(client, job, task, stream, follow=follow, previous=previous):
                 wrote = True
                 sink.write(data)
                 sink.flush()  # as it comes: someone may be watching
@@ -441,6 +441,42 @@ def logs(
             typer.echo(f"no output from a previous run of task {task} of {job}", err=True)
         elif not wrote:  # say why there is nothing, on stderr: stdout stays the output alone
             typer.echo(_no_output(client, job, task), err=True)
+
+
+def _log_bytes(
+    client: Client, job: str, task: int, stream: str, *, follow: bool, previous: bool
+) -> Iterator[bytes]:
+    """The task's output; a follower whose master goes away (a restart) follows again, as
+    `submit --wait` watches again (for REWATCH_S), from the byte after the last one it yielded."""
+    at = 0  # where the bytes yielded so far end, in the run being read
+    gone_since: float | None = None  # when the master stopped answering
+    while True:
+        try:
+            if gone_since is not None:
+                client.get(job)  # the master answers again (or this raises at once)
+                gone_since = None
+            for offset, data in client.log_chunks(
+                job, task, stream=stream, follow=follow, previous=previous, offset=at
+            ):
+                at = offset + len(data)
+                yield data
+            return
+        except Unavailable as exc:
+            if not follow:
+                raise
+            now = time.monotonic()
+            if gone_since is None:
+                gone_since = now
+                typer.echo(
+                    f"the master went away ({exc.message}): following task {task} of {job} again", err=True
+                )
+            if now - gone_since >= REWATCH_S:
+                raise CliError(
+                    f"lost the master for {now - gone_since:.0f}s while following task {task} of {job} "
+                    f"(after {at} bytes of this run; gosched logs {job} --task {task})",
+                    ExitCode.UNAVAILABLE,
+                ) from None
+            time.sleep(REWATCH_EVERY_S)
 
 
 def _no_output(client: Client, job: str, task: int) -> str:
