@@ -55,6 +55,17 @@ class WorkDirBusy(RuntimeError):
     """Another agent process holds the work dir (or, as NodeNameTaken, the node's name)."""
 
 
+class MoreThanTheMachine(ValueError):
+    """An override advertises more of a resource than the machine has: the node would be offered
+    room that is not there (tasks packed onto it would starve or be OOM killed). `resource` is the
+    AgentRunner option ("cpu_milli", "memory"), `asked` and `has` the amounts in its unit, and
+    `has_text` what the machine has, for a person ("2 CPUs", "23.5 GiB")."""
+
+    def __init__(self, resource: str, asked: int, has: int, has_text: str) -> None:
+        super().__init__(f"{resource}={asked} is more than this machine has ({has_text})")
+        self.resource, self.asked, self.has, self.has_text = resource, asked, has, has_text
+
+
 class NodeNameTaken(WorkDirBusy):
     """The master refused this agent: another live agent holds the node's name. A WorkDirBusy, so
     that `gosched agent` reports it the same way: an error line and exit code 1."""
@@ -91,7 +102,8 @@ class AgentRunner:
         nvml: Any = AUTO,
         security: ChannelSecurity | None = None,
     ) -> None:
-        """`cpu_milli` / `memory` advertise less than the machine has; `extended` the countable
+        """`cpu_milli` / `memory` advertise less than the machine has (at most what it has: more
+        raises MoreThanTheMachine, a ValueError); `extended` the countable
         resources it has that the agent cannot find (e.g. {"example.com/fpga": 2}), sent with every
         registration; `container_runtime` is the docker/podman program for tasks with an image
         (AUTO: look on PATH, None: none), probed again every `runtime_probe_s` seconds (0: only at
@@ -117,8 +129,14 @@ class AgentRunner:
         found = {RUNTIME_LABEL: runtime_kind(self.container_runtime)} if self.container_runtime else {}
         node = self.machine.to_node(self.name, {**found, **self._labels}, tuple(taints), extended)
         if cpu_milli is not None:
+            if cpu_milli > node.cpu_milli:
+                raise MoreThanTheMachine(
+                    "cpu_milli", cpu_milli, node.cpu_milli, f"{node.cpu_milli / 1000:g} CPUs"
+                )
             node = replace(node, cpu_milli=cpu_milli)
         if memory is not None:
+            if memory > node.memory:
+                raise MoreThanTheMachine("memory", memory, node.memory, f"{node.memory / 2**30:.1f} GiB")
             node = replace(node, memory=memory)
         self.node: Node = node_from_proto(node_to_proto(node))  # validated as the master will
         self.limits = "none: not started"

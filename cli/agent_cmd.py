@@ -158,10 +158,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "",
         cpus: Annotated[
-            str | None, typer.Option(help="CPUs to advertise, less than the machine's (e.g. 2, 1500m).")
+            str | None,
+            typer.Option(help="CPUs to advertise, at most the machine's (e.g. 2, 1500m); default all."),
         ] = None,
         memory: Annotated[
-            str | None, typer.Option(help="Memory to advertise, less than the machine's (e.g. 4Gi).")
+            str | None,
+            typer.Option(help="Memory to advertise, at most the machine's (e.g. 4Gi); default all."),
         ] = None,
         work_dir: Annotated[
             str | None,
@@ -240,7 +242,7 @@ def register(app: typer.Typer) -> None:
         except FlagError as exc:
             refuse(exc)
 
-        from gosched.agent.runner import AgentRunner, WorkDirBusy
+        from gosched.agent.runner import AgentRunner, MoreThanTheMachine, WorkDirBusy
 
         try:
             runner = AgentRunner(
@@ -257,12 +259,13 @@ def register(app: typer.Typer) -> None:
                 echo=typer.echo,
                 security=security,
             )
+        except MoreThanTheMachine as exc:  # --cpus/--memory: less than the machine's, as --help says
+            flag, given = ("--cpus", cpus) if exc.resource == "cpu_milli" else ("--memory", memory)
+            why = f"{given} is more than this machine has ({exc.has_text}); leave it out to advertise all"
+            refuse(FlagError(flag, why))
         except ValueError as exc:  # SpecError: the node as a whole (e.g. a label the master refuses)
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(ExitCode.USAGE) from exc
-        machine = runner.machine
-        if runner.node.cpu_milli > machine.cpu_count * 1000 or runner.node.memory > machine.memory_bytes:
-            typer.echo("warning: advertising more CPUs or memory than this machine has", err=True)
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             # Ctrl-C at a terminal is someone ending a run by hand: its tasks go with it.
