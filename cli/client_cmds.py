@@ -174,6 +174,28 @@ def submit(
             "not started, as Slurm's --deadline; one that already could not is refused.",
         ),
     ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--toleration",
+            help="Tolerate a node taint (repeat): KEY=VALUE:EFFECT, KEY:EFFECT (any value), KEY=VALUE or "
+            "KEY (any effect); EFFECT is NoSchedule, PreferNoSchedule or NoExecute.",
+        ),
+    ] = None,
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            "--kind",
+            help="batch (default) or service: long-running, its node agent restarts a process that fails.",
+        ),
+    ] = None,
+    preemptible: Annotated[
+        bool | None,
+        typer.Option(
+            "--preemptible/--no-preemptible",
+            help="Whether higher-priority or reclaiming work may evict its tasks (default: preemptible).",
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end: exit 0 if it succeeded, 1 if not.")
     ] = False,
@@ -216,6 +238,9 @@ def submit(
         time_limit=time_limit,
         max_retries=max_retries,
         deadline=deadline,
+        tolerations=tuple(toleration or ()),
+        kind=kind,
+        preemptible=preemptible,
     )
     with _client(master, tls_ca, tls_cert, tls_key, token_file, submitting=True) as client:
         spec = build_spec(file, flags, sys.stdin)

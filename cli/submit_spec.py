@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import yaml
 
 from gosched.cli.exits import CliError
+from gosched.common.node import TaintEffect
 from gosched.common.strict_yaml import DuplicateKeyError, load_yaml
 
 # spec key -> the flag that sets it
@@ -30,6 +31,7 @@ TASK_FLAGS = {
     "node_selector": "--selector",
     "env": "--env",
     "image": "--image",
+    "tolerations": "--toleration",
     "resources": "--cpus, --mem or --gpus",  # "requests nothing"
 }
 JOB_FLAGS = {
@@ -42,6 +44,8 @@ JOB_FLAGS = {
     "time_limit": "--time-limit",
     "max_retries": "--max-retries",
     "deadline": "--deadline",
+    "kind": "--kind",
+    "preemptible": "--preemptible/--no-preemptible",
 }
 
 
@@ -68,6 +72,9 @@ class JobFlags:
     time_limit: str | None = None
     max_retries: int | None = None
     deadline: str | None = None
+    tolerations: tuple[str, ...] = ()
+    kind: str | None = None
+    preemptible: bool | None = None
 
     def task_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -89,6 +96,8 @@ class JobFlags:
             out["env"] = key_values(self.env, "--env")  # values may hold commas: one per flag
         if self.image is not None:
             out["image"] = self.image
+        if self.tolerations:
+            out["tolerations"] = [toleration(item) for item in self.tolerations]
         return out
 
     def job_fields(self) -> dict[str, Any]:
@@ -102,6 +111,8 @@ class JobFlags:
             "time_limit": self.time_limit,
             "max_retries": self.max_retries,
             "deadline": _deadline_flag(self.deadline),
+            "kind": self.kind,
+            "preemptible": self.preemptible,
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -113,6 +124,32 @@ def _deadline_flag(text: str | None) -> str | float | None:
         return None
     stripped = text.strip()
     return float(stripped) if re.fullmatch(r"\d+(\.\d+)?", stripped) else stripped
+
+
+TOLERATION_SYNTAX = "KEY=VALUE:EFFECT, KEY:EFFECT, KEY=VALUE or KEY"
+
+
+def toleration(text: str) -> dict[str, str]:
+    """A --toleration as the spec's mapping, in kubectl's taint syntax: KEY=VALUE:EFFECT (Equal),
+    KEY:EFFECT (Exists), KEY=VALUE (Equal, every effect) or KEY (Exists, every effect). The key's and
+    value's syntax is left to the spec; the effect is checked here, to say which are known."""
+    where = f"--toleration {text!r}"
+    body, colon, effect = text.strip().rpartition(":") if ":" in text else (text.strip(), "", "")
+    key, equals, value = body.partition("=")
+    key, value, effect = key.strip(), value.strip(), effect.strip()
+    if not key:
+        raise CliError(f"{where}: no key (expected {TOLERATION_SYNTAX})")
+    if colon and not effect:
+        raise CliError(f"{where}: no effect after ':' (expected {TOLERATION_SYNTAX})")
+    known = [e.value for e in TaintEffect]
+    if colon and effect not in known:
+        raise CliError(f"{where}: the effect must be one of {', '.join(known)}, got {effect!r}")
+    if equals and not value:
+        raise CliError(f"{where}: no value after '=' (write {key} or {key}:EFFECT to tolerate any value)")
+    out = {"key": key, "operator": "Equal", "value": value} if equals else {"key": key, "operator": "Exists"}
+    if colon:
+        out["effect"] = effect
+    return out
 
 
 def _split_commas(text: str) -> list[str]:

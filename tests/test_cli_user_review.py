@@ -6,16 +6,26 @@ and delete-node's refusal in CLI words.
 Real parts: masters on loopback (simulated nodes), the CLI in this process or as its own process.
 """
 
+import dataclasses
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from gosched import Client
 from gosched.api.errors import NotFound
 from gosched.api.logs import LogStore
+from gosched.api.server import ServerHandle, serve
+from gosched.cli.exits import ExitCode
+from gosched.common.config import QueueConfig, Settings
+from gosched.common.job import JobKind, Toleration
+from gosched.common.node import Taint, TaintEffect
 from gosched.common.states import JobState, TaskState
-from tests.loopback import sim_master
+from gosched.runtime.simulation import sim_nodes
+from tests.loopback import cli, sim_master
 
 
 def running(client: Client, job_id: str) -> bool:
@@ -80,3 +90,89 @@ def test_logs_follow_goes_on_across_a_master_restart(tmp_path: Path) -> None:
         for master in (first, second):
             if master is not None:
                 master.stop()
+
+
+@pytest.fixture(scope="module")
+def tainted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """A master whose only node is tainted dedicated=gpu:NoSchedule: untolerating jobs wait."""
+    folder = tmp_path_factory.mktemp("tainted")
+    nodes = [
+        dataclasses.replace(n, taints=(Taint("dedicated", "gpu", TaintEffect.NO_SCHEDULE),))
+        for n in sim_nodes(1)
+    ]
+    settings = Settings(store_path=str(folder / "gosched.db"), queues=[QueueConfig(name="default")])
+    handle = serve(settings, nodes, grpc_port=0, http_port=None, host="127.0.0.1", wait_ready=True)
+    yield handle
+    handle.stop()
+
+
+def placed(client: Client, job_id: str, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get(job_id).tasks[0].node:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_submit_toleration_kind_and_preemptible_from_flags(tainted: ServerHandle) -> None:
+    with Client(tainted.target, timeout=10) as client:
+        shut_out = cli(tainted, "submit", "--name", "plain", "--cpus", "1", "--", "sleep", "1")
+        assert shut_out.exit_code == 0, shut_out.output
+        assert not placed(client, "plain", timeout=1.0)  # the taint keeps it off the only node
+        result = cli(
+            tainted, "submit", "--name", "tol", "--cpus", "1", "--toleration", "dedicated=gpu:NoSchedule",
+            "--toleration", "spot", "--toleration", "maint:NoExecute", "--toleration", "team=a",
+            "--kind", "service", "--no-preemptible", "--", "sleep", "1",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        job = client.get("tol").job
+        assert job.groups[0].tolerations == (
+            Toleration("dedicated", "Equal", "gpu", TaintEffect.NO_SCHEDULE),
+            Toleration("spot", "Exists"),
+            Toleration("maint", "Exists", "", TaintEffect.NO_EXECUTE),
+            Toleration("team", "Equal", "a"),
+        )
+        assert job.kind is JobKind.SERVICE and job.preemptible is False
+        assert placed(client, "tol")
+        default = cli(tainted, "submit", "--name", "dflt", "--cpus", "1", "--preemptible", "--", "true")
+        assert default.exit_code == 0, default.output
+        got = client.get("dflt").job
+        assert got.kind is JobKind.BATCH and got.preemptible is True
+        client.cancel("plain")
+        client.cancel("tol")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--toleration", "k=v:NoSchedul"], "--toleration 'k=v:NoSchedul': the effect must be one of "
+         "NoSchedule, PreferNoSchedule, NoExecute, got 'NoSchedul'"),
+        (["--toleration", "=gpu:NoSchedule"], "--toleration '=gpu:NoSchedule': no key"),
+        (["--toleration", "dedicated:"], "--toleration 'dedicated:': no effect after ':'"),
+        (["--toleration", "dedicated=:NoSchedule"], "--toleration 'dedicated=:NoSchedule': no value"),
+        (["--toleration", "bad key"], "tolerations[0].key (--toleration): "),
+        (["--toleration", "k=v", "--toleration", "k=bad value"], "tolerations[1].value (--toleration): "),
+        (["--kind", "daemon"], "kind (--kind): must be one of batch, service"),
+    ],
+)  # fmt: skip
+def test_bad_toleration_or_kind_exits_2_naming_the_flag(
+    tainted: ServerHandle, flags: list[str], says: str
+) -> None:
+    result = cli(tainted, "submit", "--cpus", "1", *flags, "--", "true")
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith(f"error: {says}"), result.stderr
+
+
+def test_toleration_is_refused_next_to_a_job_file(tainted: ServerHandle, tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text('command: ["true"]\ncpu: 1\n')
+    result = cli(tainted, "submit", "-f", str(job), "--toleration", "spot")
+    assert result.exit_code == ExitCode.USAGE and "--toleration: not with -f" in result.stderr, result.output
+    # --kind and --preemptible are the job's own: they override the file's, as --queue does
+    over = cli(tainted, "submit", "-f", str(job), "--name", "svc", "--kind", "service", "--no-preemptible")
+    assert over.exit_code == 0, over.output
+    with Client(tainted.target, timeout=10) as client:
+        got = client.get("svc").job
+        assert got.kind is JobKind.SERVICE and not got.preemptible
+        client.cancel("svc")
