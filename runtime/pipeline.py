@@ -200,7 +200,7 @@ class Pipeline:
         for acc in reply.accepted:
             s.bound_tasks += len(acc.task_indexes)
             started = dispatched.get(acc.job_id)
-            if started:
+            if started is not None:  # 0.0 is a moment too (an injected clock may start there)
                 s.latencies.extend([acc.bind_time - started] * len(acc.task_indexes))
 
     def run_until_idle(self, max_rounds: int = 1_000_000, wait_backoff: bool = False) -> int:
