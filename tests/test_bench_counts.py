@@ -220,6 +220,14 @@ def test_a_run_on_a_clock_at_its_origin_counts_every_binding(monkeypatch: pytest
         assert r.p50_ms == r.p99_ms == 0.0  # bound at the dispatch's instant, on that clock
 
 
+def test_the_pipelines_own_latencies_count_a_dispatch_at_the_clocks_origin() -> None:
+    p = Pipeline(Settings(shards=1), nodes=sim_nodes(2), clock=lambda: 0.0)
+    p.submit_many(basic_jobs(5))
+    p.run_until_idle()
+    assert p.stats.bound_tasks == 5 and p.stats.latencies == [0.0] * 5
+    p.close()
+
+
 def _bound(task: str, at: float) -> TaskBound:
     job = task.split("/")[0]
     resident = Resident(task_id=task, job_id=job, cpu_milli=500, memory=GiB, start_time=at)
