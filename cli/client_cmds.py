@@ -8,6 +8,7 @@ the listing ones take `-o table|wide|json|yaml`. Exit codes are in gosched.cli.e
 
 import contextlib
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from gosched.cli.exits import CliError, ExitCode, error_message, reported
 from gosched.cli.flags import check_seconds, refuse, security_flag_error
 from gosched.cli.output import Format
 from gosched.cli.progress import Progress
-from gosched.cli.submit_spec import JobFlags, build_spec, flag_for
+from gosched.cli.submit_spec import JobFlags, build_specs, flag_for
 from gosched.common.node import NodeState
 from gosched.common.secret_files import SecretFileError
 from gosched.common.states import HOLDS_RESOURCES, JobState
@@ -243,14 +244,31 @@ def submit(
         preemptible=preemptible,
     )
     with _client(master, tls_ca, tls_cert, tls_key, token_file, submitting=True) as client:
-        spec = build_spec(file, flags, sys.stdin)
+        specs = build_specs(file, flags, sys.stdin)
+        if len(specs) > 1 and wait:
+            raise CliError(f"--wait: follows one job, and {file} holds {len(specs)}: submit each on its own")
         try:
-            job_id = client.submit(spec)
+            # Several documents: one request, all or none (each is validated before any is sent).
+            job_ids = [client.submit(specs[0])] if len(specs) == 1 else client.submit_many(specs)
         except InvalidArgument as exc:
-            raise _name_the_flag(exc) if file is None else exc from None
-        typer.echo(job_id)
+            if file is None:
+                raise _name_the_flag(exc) from None
+            raise _name_the_document(exc, file) if len(specs) > 1 else exc from None
+        for job_id in job_ids:
+            typer.echo(job_id)
         if wait:
-            _wait(client, job_id, timeout)
+            _wait(client, job_ids[0], timeout)
+
+
+def _name_the_document(exc: InvalidArgument, file: str) -> InvalidArgument:
+    """Rewrite "jobs[1].cpu: ..." (of a request of several jobs) as "job.yaml, document 2: cpu: ..."."""
+    found = re.match(r"jobs\[(\d+)\]\.", exc.field or "")
+    if found is None:
+        return exc
+    field = exc.field[found.end() :]
+    reason = exc.message.partition(": ")[2] or exc.message
+    where = "stdin" if file == "-" else file
+    return InvalidArgument(f"{where}, document {int(found[1]) + 1}: {field}: {reason}", field=field)
 
 
 def _name_the_flag(exc: InvalidArgument) -> InvalidArgument:

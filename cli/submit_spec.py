@@ -17,7 +17,7 @@ import yaml
 
 from gosched.cli.exits import CliError
 from gosched.common.node import TaintEffect
-from gosched.common.strict_yaml import DuplicateKeyError, load_yaml
+from gosched.common.strict_yaml import DuplicateKeyError, _UniqueKeyLoader
 
 # spec key -> the flag that sets it
 TASK_FLAGS = {
@@ -181,15 +181,25 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def load_spec_text(text: str) -> Any:
     """JSON or YAML text as plain data; DuplicateKeyError or yaml.YAMLError if it is neither."""
+    documents = load_spec_documents(text)
+    if len(documents) > 1:
+        raise CliError(f"expected one job spec, found {len(documents)} YAML documents")
+    return documents[0] if documents else None
+
+
+def load_spec_documents(text: str) -> list[Any]:
+    """The documents of JSON or YAML text (a YAML stream may hold several, between `---` lines;
+    empty ones are left out, as kubectl does) as plain data; DuplicateKeyError or yaml.YAMLError."""
     try:  # json first: PyYAML (YAML 1.1) reads a JSON number such as 1e9 as a string
-        return json.loads(text, object_pairs_hook=_unique_pairs)
+        return [json.loads(text, object_pairs_hook=_unique_pairs)]
     except json.JSONDecodeError:
         pass
-    return load_yaml(text)
+    # The loader of load_yaml (a key given twice is an error), for every document of the stream.
+    return [d for d in yaml.load_all(text, Loader=_UniqueKeyLoader) if d is not None]
 
 
-def read_spec_file(path: str, stdin: TextIO) -> dict[str, Any]:
-    """The mapping in a YAML or JSON file ("-": stdin); CliError naming the file if it is not one."""
+def _read_text(path: str, stdin: TextIO) -> tuple[str, str]:
+    """The file's name as errors call it, and its text; CliError if it cannot be read as UTF-8."""
     name = "stdin" if path == "-" else path
     try:
         # utf-8-sig: the encoding YAML and JSON files are in, whatever the locale, BOM or not
@@ -199,31 +209,68 @@ def read_spec_file(path: str, stdin: TextIO) -> dict[str, Any]:
         raise CliError(f"cannot read {name}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, UnicodeEncodeError) as exc:
         raise CliError(f"{name} is not UTF-8 text (at offset {exc.start}): save it as UTF-8") from None
+    return name, text
+
+
+def read_spec_documents(path: str, stdin: TextIO) -> list[dict[str, Any]]:
+    """The job specs in a YAML or JSON file ("-": stdin): one, or one per YAML document; CliError
+    naming the file (and the document, of several) if one is not a mapping."""
+    name, text = _read_text(path, stdin)
     try:
-        data = load_spec_text(text)
+        documents = load_spec_documents(text)
     except DuplicateKeyError as exc:
         raise CliError(f"{name}: {exc}") from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: e.g. a 5000-digit int
         raise CliError(f"{name} is not valid YAML or JSON: {exc}") from None
-    if not isinstance(data, dict):
-        kind = "nothing" if data is None else type(data).__name__
-        raise CliError(f"{name}: a job spec must be a mapping of fields, got {kind}")
-    return data
+    if not documents:
+        raise CliError(f"{name}: a job spec must be a mapping of fields, got nothing")
+    for i, data in enumerate(documents):
+        if not isinstance(data, dict):
+            where = f"{name}, document {i + 1}" if len(documents) > 1 else name
+            raise CliError(f"{where}: a job spec must be a mapping of fields, got {type(data).__name__}")
+    return documents
+
+
+def read_spec_file(path: str, stdin: TextIO) -> dict[str, Any]:
+    """The mapping in a YAML or JSON file ("-": stdin); CliError naming the file if it is not one."""
+    documents = read_spec_documents(path, stdin)
+    if len(documents) > 1:
+        name = "stdin" if path == "-" else path
+        raise CliError(f"{name}: expected one job spec, found {len(documents)} YAML documents")
+    return documents[0]
 
 
 def build_spec(path: str | None, flags: JobFlags, stdin: TextIO) -> dict[str, Any]:
     """The spec dict to submit, from the file at `path` (if given) and the flags."""
+    specs = build_specs(path, flags, stdin)
+    if len(specs) > 1:
+        raise CliError(f"{path}: expected one job spec, found {len(specs)} YAML documents")
+    return specs[0]
+
+
+def build_specs(path: str | None, flags: JobFlags, stdin: TextIO) -> list[dict[str, Any]]:
+    """The spec dicts to submit, from the file at `path` (if given: one per YAML document) and the
+    flags (the job-level ones apply to each job; --name and --submission-id name one job only)."""
     task = flags.task_fields()
     if path is not None:
         if task:
             given = ", ".join(TASK_FLAGS[k] for k in task)
             raise CliError(f"{given}: not with -f; put it in the job file")
-        return {**read_spec_file(path, stdin), **flags.job_fields()}
+        documents = read_spec_documents(path, stdin)
+        job = flags.job_fields()
+        if len(documents) > 1:
+            for key in ("id", "submission_id"):
+                if key in job:
+                    raise CliError(
+                        f"{JOB_FLAGS[key]}: names one job, and {'stdin' if path == '-' else path} holds "
+                        f"{len(documents)}: give each document its own {key}"
+                    )
+        return [{**data, **job} for data in documents]
     if "command" not in task:
         raise CliError(
             "nothing to submit: give a job file (-f job.yaml, -f - for stdin) or a command after --"
         )
-    return {**task, **flags.job_fields()}
+    return [{**task, **flags.job_fields()}]
 
 
 def flag_for(field: str) -> str | None:

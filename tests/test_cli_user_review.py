@@ -176,3 +176,41 @@ def test_toleration_is_refused_next_to_a_job_file(tainted: ServerHandle, tmp_pat
         got = client.get("svc").job
         assert got.kind is JobKind.SERVICE and not got.preemptible
         client.cancel("svc")
+
+
+def test_submit_a_multi_document_file_submits_each_job_at_once(tainted: ServerHandle, tmp_path: Path) -> None:
+    """kubectl apply -f takes a YAML stream of several documents; submit said "expected a single
+    document in the stream", PyYAML's words."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "id: multi-a\ncommand: [sleep, '1']\ncpu: 1\n---\n"
+        "id: multi-b\ncommand: [sleep, '1']\ncpu: 1\n---\n"  # an empty document at the end: left out
+    )
+    result = cli(tainted, "submit", "-f", str(jobs), "--priority", "5")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == ["multi-a", "multi-b"]
+    with Client(tainted.target, timeout=10) as client:
+        assert [client.get(j).job.priority for j in ("multi-a", "multi-b")] == [5, 5]
+        for job_id in ("multi-a", "multi-b"):
+            client.cancel(job_id)
+
+
+def test_a_bad_document_submits_none_of_them(tainted: ServerHandle, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "id: none-a\ncommand: [sleep, '1']\ncpu: 1\n---\nid: none-b\ncommand: [sleep, '1']\ncpu: lots\n"
+    )
+    result = cli(tainted, "submit", "-f", str(jobs))
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith(f"error: {jobs}, document 2: cpu: "), result.stderr
+    listed = cli(tainted, "submit", "-f", "-", input='command: ["true"]\ncpu: 1\n---\n- a list\n')
+    assert listed.exit_code == ExitCode.USAGE
+    assert "stdin, document 2: a job spec must be a mapping of fields, got list" in listed.stderr, (
+        listed.stderr
+    )
+    named = cli(tainted, "submit", "-f", "-", "--name", "x", input="cpu: 1\n---\ncpu: 2\n")
+    assert named.exit_code == ExitCode.USAGE and "error: --name: names one job" in named.stderr, named.stderr
+    with Client(tainted.target, timeout=10) as client:
+        for job_id in ("none-a", "none-b"):
+            with pytest.raises(NotFound):
+                client.get(job_id)
