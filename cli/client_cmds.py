@@ -198,10 +198,15 @@ def submit(
         ),
     ] = None,
     wait: Annotated[
-        bool, typer.Option("--wait", help="Follow the job to its end: exit 0 if it succeeded, 1 if not.")
+        bool,
+        typer.Option(
+            "--wait",
+            help="Follow the job to its end: exit 0 if it succeeded, 1 if not (6: gave up, --timeout).",
+        ),
     ] = False,
     timeout: Annotated[
-        float | None, typer.Option(min=0, help="With --wait: give up after this many seconds (exit 1).")
+        float | None,
+        typer.Option(min=0, help="With --wait: give up after this many seconds (exit 6; the job goes on)."),
     ] = None,
     master: MasterOpt = DEFAULT_MASTER,
     tls_ca: TlsCaOpt = None,
@@ -214,6 +219,10 @@ def submit(
     ] = None,
 ) -> None:
     """Submit a job from a file (-f) or from flags and the command after --; prints its id."""
+    if timeout is not None and not wait:  # it bounds the wait alone: without one it would do nothing
+        refuse(
+            ValueError("--timeout: only with --wait (it bounds the wait; the job itself has --time-limit)")
+        )
     if timeout is not None:
         try:
             check_seconds("--timeout", timeout, zero=True)  # no --timeout is the endless wait, not inf
@@ -312,7 +321,8 @@ def _wait(client: Client, job_id: str, timeout: float | None) -> None:
     except DeadlineExceeded:
         state = last.state.value if last else "unknown"
         raise CliError(
-            f"gave up waiting after {timeout:g}s: job {job_id} is still {state} (it goes on)", ExitCode.FAILED
+            f"gave up waiting after {timeout:g}s: job {job_id} is still {state} (it goes on)",
+            ExitCode.GAVE_UP,
         ) from None
     finally:
         progress.close()
@@ -337,8 +347,15 @@ def jobs(
     tls_key: TlsKeyOpt = None,
     token_file: TokenFileOpt = None,
 ) -> None:
-    """List jobs in submission order (every page, or --limit)."""
+    """List jobs in submission order (every page, or --limit). An unknown --queue exits 3."""
     with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
+        if queue:
+            known = [q.name for q in client.queues()]
+            if queue not in known:
+                raise CliError(
+                    f"--queue: unknown queue {queue!r} (known: {', '.join(known)}; gosched queues)",
+                    ExitCode.NOT_FOUND,
+                )
         found = client.list(
             state=state, queue=queue, tenant=tenant, page_size=min(limit or PAGE_SIZE, PAGE_SIZE), limit=limit
         )
@@ -610,9 +627,17 @@ def delete_node(
 ) -> None:
     """Remove a node whose machine is gone for good (its agent stopped)."""
     with _client(master, tls_ca, tls_cert, tls_key, token_file) as client:
-        requeued = client.delete_node(node, force=force)
+        try:
+            requeued = client.delete_node(node, force=force)
+        except FailedPrecondition as exc:  # the server's words serve API clients too: say the CLI's way
+            raise FailedPrecondition(_cli_words(exc.message)) from None
     more = f"; {len(requeued)} task(s) queued again" if requeued else ""
     typer.echo(f"node {node} deleted{more}")
+
+
+def _cli_words(message: str) -> str:
+    """A server message without its words for API clients ("; force in the DeleteNode request")."""
+    return re.sub(r"; \w+ in the \w+ request\)", ")", message)
 
 
 def queues(

@@ -3,7 +3,8 @@
 Scripts test these codes, so they are part of the interface:
 0 ok; 1 the job failed, a wait ended badly, or anything else the master refused (its token
 included, as kubectl does); 2 bad usage or an invalid spec; 3 not found;
-4 refused by admission (resource exhausted); 5 the master is unavailable.
+4 refused by admission (resource exhausted); 5 the master is unavailable; 6 gave up waiting
+(`submit --wait --timeout` ran out: the job goes on, neither failed nor done).
 
 The long-running commands (`master`, `up`, `agent`) use two of them: 2 (USAGE) for a flag or
 configuration invalid in itself, refused before anything starts; 1 (FAILED) for what the machine
@@ -39,6 +40,7 @@ class ExitCode(enum.IntEnum):
     NOT_FOUND = 3
     EXHAUSTED = 4
     UNAVAILABLE = 5
+    GAVE_UP = 6  # a wait's --timeout ran out; the job goes on
     INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 

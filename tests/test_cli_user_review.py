@@ -214,3 +214,30 @@ def test_a_bad_document_submits_none_of_them(tainted: ServerHandle, tmp_path: Pa
         for job_id in ("none-a", "none-b"):
             with pytest.raises(NotFound):
                 client.get(job_id)
+
+
+def test_timeout_without_wait_is_refused(tainted: ServerHandle) -> None:
+    result = cli(tainted, "submit", "--timeout", "5", "--cpus", "1", "--", "true")
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stderr.startswith("error: --timeout: only with --wait"), result.stderr
+    assert result.stdout == ""  # nothing was submitted
+
+
+def test_jobs_of_an_unknown_queue_exit_3_naming_it(tainted: ServerHandle) -> None:
+    result = cli(tainted, "jobs", "--queue", "nosuch")
+    assert result.exit_code == ExitCode.NOT_FOUND, result.output
+    assert result.stderr.startswith("error: --queue: unknown queue 'nosuch' (known: default"), result.stderr
+    assert cli(tainted, "jobs", "--queue", "default").exit_code == 0
+
+
+def test_delete_node_refusal_says_only_the_cli_way(tainted: ServerHandle) -> None:
+    with Client(tainted.target, timeout=10) as client:
+        client.submit(
+            {"id": "holder", "command": ["sleep", "1"], "cpu": 1, "tolerations": [{"operator": "Exists"}]}
+        )
+        assert placed(client, "holder")
+        result = cli(tainted, "delete-node", "sim-00000")
+        assert result.exit_code == ExitCode.FAILED, result.output
+        assert "gosched delete-node sim-00000 --force" in result.stderr, result.stderr
+        assert "DeleteNode" not in result.stderr and "request" not in result.stderr, result.stderr
+        client.cancel("holder")

@@ -80,9 +80,10 @@ def test_wait_exits_1_when_the_job_is_cancelled(server: ServerHandle, client: Cl
     assert result.stdout == "doomed\n" and result.stderr.splitlines()[-1] == "job doomed cancelled"
 
 
-def test_wait_timeout_exits_1_and_the_job_goes_on(server: ServerHandle, client: Client) -> None:
+def test_wait_timeout_exits_6_and_the_job_goes_on(server: ServerHandle, client: Client) -> None:
+    """Giving up is not the job failing: its own code (6), not 1."""
     result = run(server, "submit", "--wait", "--timeout", "0.3", "--gpus", "16", "--cpus", "1", "--", "true")
-    assert result.exit_code == ExitCode.FAILED, result.output
+    assert result.exit_code == ExitCode.GAVE_UP == 6, result.output
     job_id = result.stdout.strip()
     assert f"gave up waiting after 0.3s: job {job_id} is still pending" in result.stderr
     assert client.cancel(job_id).state is JobState.CANCELLED
