@@ -35,7 +35,7 @@ from gosched.agent.tasks import TaskTable, carry_restart
 from gosched.agent.usage import UsageSampler
 from gosched.api.channel import ChannelSecurity
 from gosched.api.convert import node_from_proto, node_to_proto
-from gosched.common.node import RUNTIME_LABEL, Node, Taint
+from gosched.common.node import RUNTIME_LABEL, Node, NodeState, Taint
 from gosched.proto.v1 import agent_pb2
 
 log = logging.getLogger("gosched.agent")
@@ -240,8 +240,14 @@ class AgentRunner:
 
     def _shut_down(self, tasks: TaskTable) -> None:
         if not self._kill_on_stop:
-            return
+            return  # the node stays as it is: the next agent on the work dir adopts the tasks
         with self._lock:
+            # Leaving on purpose, as a kubelet or slurmd going away: the node is told not ready
+            # first, so that the master binds nothing more to it (the tasks' "lost" reports, which
+            # follow on the stream, requeue them elsewhere), and gives it up once the stream ends,
+            # not a node timeout later. An older master takes only the labels of a node update.
+            leaving = replace(self.node, state=NodeState.NOT_READY)
+            self._outbox.put(agent_pb2.AgentMessage(node_update=node_to_proto(leaving)))
             count = len(tasks.running_ids())
             tasks.kill_all(SHUTDOWN_MESSAGE, self.shutdown_grace_s)
         if count:

@@ -23,6 +23,14 @@ expected to run what that session was sent (a task bound meanwhile is launched),
 flight carry over, sent again on the new stream (the old one may have lost them): their runs' ends
 (and last output) are the kills', never a new run's.
 
+An agent that stops on purpose and kills its tasks (not one told to keep them for the next agent)
+says so first: a node update with the state NOT_READY. Its node goes not ready at once, keeping
+its residents, so nothing more is bound there while the agent's "lost" reports come; once that
+agent ends its stream (half-closes it: read to its end, nothing lost in transport), those reports
+applied, the node is lost as at a timeout (whatever is still resident there is requeued), not
+`node_timeout_s` later; a stream that broke instead leaves the node not ready until the timeout. It is ready again when an agent
+registers it (an operator's cordon or drain outlives it, as it outlives a loss).
+
 Nodes registered by an agent carry the label AGENT_LABEL; after a master restart those nodes are
 given `node_timeout_s` plus the agents' longest registration backoff to reconnect before their
 tasks are requeued.
@@ -100,6 +108,7 @@ class AgentSession:
     connected: bool = False
     limits: str = ""
     grace_s: float = 0.0  # allowed on top of the node timeout (an agent expected back after a restart)
+    leaving: bool = False  # the agent said it is stopping (a node update NOT_READY): its end is final
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,10 @@ class _Reports:
     # the release), or a reconcile in between would see them resident and not sent: a relaunch.
     ended: list[tuple[AgentSession, str]] = field(default_factory=list)
     nodes: dict[str, Node] = field(default_factory=dict)  # the latest node update per agent's node
+    # Agents that said they are stopping, then those whose stream ended after that (in the stream's
+    # order, after their reports: a batch holds the reports read before it, and those come first).
+    leaving: list[AgentSession] = field(default_factory=list)
+    left: list[AgentSession] = field(default_factory=list)
 
 
 class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
@@ -185,7 +198,8 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             return NodeState.READY  # simulated: no agent to wait for
         with self._lock:
             self._operator_state.pop(node.name, None)  # the cordon is lifted: not restored later
-            return NodeState.READY if node.name in self.sessions else NodeState.NOT_READY
+            s = self.sessions.get(node.name)
+            return NodeState.READY if s is not None and not s.leaving else NodeState.NOT_READY
 
     def connected(self, node: str) -> bool:
         """An agent's stream for this node is up: the node is in use, not gone."""
@@ -316,15 +330,27 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             session.connected = False
 
     def _read(self, session: AgentSession, messages: Iterator[Any]) -> None:
+        clean = False  # the agent ended the stream itself (half-closed), after its last word
         try:
             for msg in messages:
                 if msg.session_id != session.session_id:
                     break
                 self._receive(session, msg)
+            else:
+                clean = True
         except grpc.RpcError:
             pass  # the stream broke: the agent reconnects, or its node times out
         finally:
             session.outbox.put(None)
+        # A stopping agent's stream that ended cleanly was read to its end: everything it said
+        # arrived, and the tick applies it before giving the node up. One that broke may have
+        # lost reports in transport: its node (not ready) waits for a timeout or a new agent,
+        # which sends again the ends the master may not have.
+        if clean and session.leaving:
+            with self._lock:
+                if self.sessions.get(session.node) is session:
+                    self._reports.left.append(session)
+            self.service._wake.set()
 
     def _receive(self, session: AgentSession, msg: Any) -> None:
         session.last_seen = time.monotonic()
@@ -353,7 +379,12 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
             return
         with self._lock:  # the name is the session's: an agent speaks for its own node only
             if self.sessions.get(session.node) is session:  # not a replaced session's late word
-                self._reports.nodes[session.node] = node
+                if node.state is NodeState.NOT_READY:  # its agent is stopping (see the docstring)
+                    if not session.leaving:
+                        session.leaving = True
+                        self._reports.leaving.append(session)
+                else:
+                    self._reports.nodes[session.node] = node
         self.service._wake.set()
 
     def _on_status(self, session: AgentSession, status: Any) -> None:
@@ -419,9 +450,10 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         """Apply the reports about tasks still placed on the node that reported them; a report
         about a task placed elsewhere by now (or not at all) is about an older run: dropped."""
         relabelled = self._update_nodes(control, r.nodes)
+        leaving = self._agents_leaving(control, r.leaving)
         reported = [*r.started, *r.lost, *(x for xs in r.finished.values() for x in xs)]
         if not reported:
-            return relabelled
+            return self._agents_left(control, r.left) or leaving or relabelled
         placed = control.residents(sorted({node for node, _ in reported}))
 
         def here(items: list[tuple[str, str]]) -> list[str]:
@@ -442,7 +474,44 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         with self._lock:
             for session, tid in r.ended:
                 session.sent.pop(tid, None)
+        self._agents_left(control, r.left)  # after their reports: a lost task is requeued as lost
         return True
+
+    def _agents_leaving(self, control: ControlPlane, sessions: list[AgentSession]) -> bool:
+        """Agents that said they are stopping: their nodes go not ready now, their residents
+        staying until the agents' reports come (nothing is bound there meanwhile). A cordon or a
+        drain is kept to give back when an agent registers the node again."""
+        for s in sessions:
+            with self._lock:
+                if self.sessions.get(s.node) is not s:
+                    continue
+            before = control.nodes([s.node])
+            if not before:
+                continue
+            if before[0].node.state in OPERATOR_STATES:
+                with self._lock:
+                    self._operator_state[s.node] = before[0].node.state
+            control.set_node_state(s.node, NodeState.NOT_READY)
+            log.info("agent %s is stopping: node not ready", s.node)
+        return bool(sessions)
+
+    def _agents_left(self, control: ControlPlane, sessions: list[AgentSession]) -> bool:
+        """Agents whose stream ended after they said they were stopping: their nodes are lost now,
+        as at a timeout, and what is still resident there (a task bound before the node went not
+        ready, whose launch the stopping agent ignored) is requeued."""
+        gone = []
+        with self._lock:
+            for s in sessions:
+                if self.sessions.get(s.node) is s:  # not registered again meanwhile
+                    del self.sessions[s.node]
+                    gone.append(s)
+        for s in gone:
+            try:
+                released = control.node_lost(s.node)
+            except KeyError:  # deleted meanwhile
+                continue
+            log.info("agent %s stopped: node not ready, %d task(s) requeued", s.node, len(released))
+        return bool(gone)
 
     def _note_restarts(self, control: ControlPlane, restarts: list[_Restart]) -> None:
         """Hand the service the restart reports of the runs still bound where they were sent: one
