@@ -24,6 +24,7 @@ from gosched.agent.cgroups import TaskCgroup
 from gosched.agent.containers import NO_RUNTIME, Container, container_name
 from gosched.agent.executor import ShellExecutor, TaskExit, TaskSpec
 from gosched.agent.logship import TaskLogs
+from gosched.agent.rendezvous import gang_env
 from gosched.agent.shim import read_status
 from gosched.agent.state import SavedFinal, SavedState, SavedTask
 from gosched.common.spec import format_duration
@@ -62,12 +63,14 @@ def task_status(task_id: str, state: State, exit_code: int = 0, message: str = "
 
 
 def launch_env(msg: agent_pb2.LaunchTask) -> dict[str, str]:
-    """What the task learns about itself, under the task's own env (which wins)."""
+    """What the task learns about itself and its job's other tasks (agent/rendezvous.py), under
+    the task's own env (which wins)."""
     env = {
         "GOSCHED_JOB_ID": msg.job_id,
         "GOSCHED_TASK_INDEX": str(msg.index),
         "GOSCHED_TASK_ROLE": msg.role,
         "GOSCHED_ATTEMPT": str(msg.attempt),
+        **gang_env(msg),
     }
     env.update(msg.env)
     return env

@@ -46,6 +46,7 @@ import queue
 import threading
 import time
 import uuid
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -78,6 +79,14 @@ TICK_S = 0.05
 LIVE_HEARTBEATS = 3
 LOG_OWNERS_KEPT = 100_000  # tasks whose latest launch's node is remembered (the oldest go first)
 LOG_LOCK_STRIPES = 64  # a power of two: a task's log lock is one of these, picked by its id
+# The label with the host an agent discovered (agent/discovery.py): a task's peers reach it there.
+HOST_LABEL = "gosched.io/hostname"
+# Where a job's rendezvous port (MASTER_PORT) is drawn from, by a hash of its id: from torch's
+# default up, below Linux's ephemeral ports (32768 on). A job that sets MASTER_PORT keeps its own.
+RENDEZVOUS_PORTS = range(29500, 32500)
+# A larger job's launches carry its leader's host alone, not every task's: each launch would carry
+# the whole list (a gang's launches, its square), and an environment string is at most 128 KiB.
+MAX_TASK_HOSTS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,10 +646,13 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
                     s.sent.pop(tid, None)
                     s.killing[tid] = _Kill(kill, now + self.kill_grace_s + KILL_ANSWER_S)
                 s.outbox.put(agent_pb2.SchedulerMessage(kill=kill))
+        hosts = _task_hosts(control, {split_task_id(t)[0] for tids in launches.values() for t in tids}, snaps)
         for node, tids in launches.items():
             s = by_node[node]
             msgs = [
-                m for m in (_launch(t, snaps.get(split_task_id(t)[0]), attempts.get(t, 0)) for t in tids) if m
+                m
+                for m in (_launch(t, snaps.get(split_task_id(t)[0]), attempts.get(t, 0), hosts) for t in tids)
+                if m
             ]
             for msg in self._not_on_dying_room(control, s, msgs):
                 tid = msg.task_id
@@ -675,7 +687,35 @@ class AgentGateway(agent_pb2_grpc.AgentServiceServicer):
         return [m for m in msgs if dying_gpus.isdisjoint(g.index for g in m.gpus)]
 
 
-def _launch(tid: str, snap: JobSnapshot | None, attempt: int) -> agent_pb2.LaunchTask | None:
+def _task_hosts(
+    control: ControlPlane, job_ids: set[str], snaps: dict[str, JobSnapshot | None]
+) -> dict[str, list[str]]:
+    """Each job's task hosts, by task index, for its launches (LaunchTask.task_hosts): the address
+    of the node each task is placed on ("" for a task not placed now), which is the host its agent
+    registered (HOST_LABEL: discovered, or the operator's --labels), else the node's name. A job
+    of more than MAX_TASK_HOSTS tasks gets task 0's alone (its leader)."""
+    jobs = [snap for j in sorted(job_ids) if (snap := snaps.get(j)) is not None]
+    names = sorted({node for snap in jobs for node, _ in snap.placements.values()})
+    address = dict.fromkeys(names, "")
+    for ns in control.nodes(names) if names else ():
+        address[ns.node.name] = dict(ns.node.labels).get(HOST_LABEL, "")
+    hosts = {}
+    for snap in jobs:
+        where = {i: address[node] or node for i, (node, _) in snap.placements.items()}
+        count = snap.job.total_replicas if snap.job.total_replicas <= MAX_TASK_HOSTS else 1
+        hosts[snap.job.id] = [where.get(i, "") for i in range(count)]
+    return hosts
+
+
+def _leader_port(job_id: str) -> int:
+    """The job's rendezvous port (MASTER_PORT): the same for every launch of the job, by any master
+    (a stable hash, not Python's salted one), so a task bound again meets its running peers."""
+    return RENDEZVOUS_PORTS[zlib.crc32(job_id.encode()) % len(RENDEZVOUS_PORTS)]
+
+
+def _launch(
+    tid: str, snap: JobSnapshot | None, attempt: int, hosts: dict[str, list[str]]
+) -> agent_pb2.LaunchTask | None:
     if snap is None:
         return None
     job_id, index = split_task_id(tid)
@@ -684,6 +724,9 @@ def _launch(tid: str, snap: JobSnapshot | None, attempt: int) -> agent_pb2.Launc
         return None
     group = snap.job.group_of(index)
     res = group.resources
+    # The gang's rendezvous (agent/rendezvous.py): a gang is bound all together, so its tasks'
+    # placements are all in the snapshot; a task bound again later sees its peers' current nodes.
+    role_index = index - sum(g.replicas for g in snap.job.groups[: snap.job.group_index_of(index)])
     return agent_pb2.LaunchTask(
         task_id=tid,
         job_id=job_id,
@@ -698,6 +741,11 @@ def _launch(tid: str, snap: JobSnapshot | None, attempt: int) -> agent_pb2.Launc
         service=snap.job.kind is JobKind.SERVICE,
         image=group.image,
         time_limit_s=snap.job.time_limit or 0.0,
+        num_tasks=snap.job.total_replicas,
+        role_index=role_index,
+        role_replicas=group.replicas,
+        task_hosts=hosts.get(job_id, ()),
+        leader_port=_leader_port(job_id),
     )
 
 

@@ -114,7 +114,7 @@ class AgentMessage(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., log: _Optional[_Union[_types_pb2.LogChunk, _Mapping]] = ..., node_update: _Optional[_Union[_types_pb2.Node, _Mapping]] = ...) -> None: ...
 
 class LaunchTask(_message.Message):
-    __slots__ = ("task_id", "job_id", "index", "role", "command", "env", "cpu_milli", "memory", "gpus", "attempt", "service", "image", "time_limit_s")
+    __slots__ = ("task_id", "job_id", "index", "role", "command", "env", "cpu_milli", "memory", "gpus", "attempt", "service", "image", "time_limit_s", "num_tasks", "role_index", "role_replicas", "task_hosts", "leader_port")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,11 @@ class LaunchTask(_message.Message):
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROLE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TASK_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_PORT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     job_id: str
     index: int
@@ -148,7 +153,12 @@ class LaunchTask(_message.Message):
     service: bool
     image: str
     time_limit_s: float
-    def __init__(self, task_id: _Optional[str] = ..., job_id: _Optional[str] = ..., index: _Optional[int] = ..., role: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cpu_milli: _Optional[int] = ..., memory: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuAssignment, _Mapping]]] = ..., attempt: _Optional[int] = ..., service: _Optional[bool] = ..., image: _Optional[str] = ..., time_limit_s: _Optional[float] = ...) -> None: ...
+    num_tasks: int
+    role_index: int
+    role_replicas: int
+    task_hosts: _containers.RepeatedScalarFieldContainer[str]
+    leader_port: int
+    def __init__(self, task_id: _Optional[str] = ..., job_id: _Optional[str] = ..., index: _Optional[int] = ..., role: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cpu_milli: _Optional[int] = ..., memory: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuAssignment, _Mapping]]] = ..., attempt: _Optional[int] = ..., service: _Optional[bool] = ..., image: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., num_tasks: _Optional[int] = ..., role_index: _Optional[int] = ..., role_replicas: _Optional[int] = ..., task_hosts: _Optional[_Iterable[str]] = ..., leader_port: _Optional[int] = ...) -> None: ...
 
 class KillTask(_message.Message):
     __slots__ = ("task_id", "grace_period_s", "reason")
