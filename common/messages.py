@@ -160,6 +160,15 @@ class Proposal:
 # says GANG_APART_REASON of nodes that pass every filter alone.
 BUSY_REASON_PREFIX = "insufficient "
 GANG_APART_REASON = "gang does not fit together"
+# Of a node the attempt did not count on because the shard's view still holds the task itself
+# there: the binder released it since (preempted, lost, taken off for a retry; the dispatcher sends
+# only tasks that hold nothing), and its room is most likely taken by what evicted it. Busy: the
+# next view says what holds the room.
+LEFT_NODE_REASON = f"{BUSY_REASON_PREFIX}room counted on where it just ran (this shard's view is behind)"
+# Of a node that passes every filter yet did not take a task that stands alone (min_member 1, no
+# gang): its GPUs did not make a set for the task (choose_gpus), else the placement failed there.
+LONE_GPUS_REASON = f"{BUSY_REASON_PREFIX}GPUs free together for it"
+LONE_UNPLACED_REASON = "passes every filter, yet the task was not placed there"
 
 
 @fast_pickle

@@ -6,7 +6,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from gosched.common.cluster_state import ClusterArrays
-from gosched.common.messages import GANG_APART_REASON, Diagnosis
+from gosched.common.messages import (
+    GANG_APART_REASON,
+    LEFT_NODE_REASON,
+    LONE_GPUS_REASON,
+    LONE_UNPLACED_REASON,
+    Diagnosis,
+)
 from gosched.common.resources import GPU_MILLI, ResourceRequest
 from gosched.scheduler_shard.framework.interfaces import Mask
 from gosched.scheduler_shard.framework.profile import Profile
@@ -21,9 +27,13 @@ def diagnose(
     ctx: UnitContext,
     note: str = "",
     unit_rules: Sequence[tuple[str, Mask]] = (),
+    left_rows: Sequence[int] = (),
 ) -> Diagnosis:
     """`unit_rules`: (reason, rows) the unit was never tried on (its Grouping's domains), counted
-    after the filters, so a node is blamed on the domain only when it would otherwise fit."""
+    after the filters, so a node is blamed on the domain only when it would otherwise fit.
+    `left_rows`: rows the attempt kept the unit's tasks off because the view still holds them
+    there, released at the binder since (Placer._try); a node left over is the gang's doing only
+    for a gang (min_member above 1)."""
     alive = state.alive[: state.n].copy()
     remaining = alive.copy()
     counts: dict[str, int] = {}
@@ -49,9 +59,17 @@ def diagnose(
         if hit.any():
             counts[reason] = counts.get(reason, 0) + int(hit.sum())
             remaining &= ~hit
+    for row in left_rows:
+        if row < state.n and remaining[row]:
+            counts[LEFT_NODE_REASON] = counts.get(LEFT_NODE_REASON, 0) + 1
+            remaining[row] = False
     if remaining.any():
-        # Nodes that pass each filter alone but not the unit as a whole (the gang did not fit).
-        counts[GANG_APART_REASON] = int(np.count_nonzero(remaining))
+        if ctx.unit.job.min_member > 1:
+            # Nodes that pass each filter alone but not the unit as a whole (the gang did not fit).
+            reason = GANG_APART_REASON
+        else:  # tasks that each stand alone: no gang kept them off
+            reason = LONE_GPUS_REASON if tc.wants_gpu else LONE_UNPLACED_REASON
+        counts[reason] = int(np.count_nonzero(remaining))
     return Diagnosis(total_nodes=int(alive.sum()), ruled_out=counts, note=note)
 
 

@@ -72,6 +72,7 @@ class Placer:
         self._mask: Mask | None = None
         self._mask_rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
         self._own: Mask | None = None  # the unit's first location (the own partition), if others follow
+        self._left_rows: list[int] = []  # per unit: rows of its own tasks the view still holds (_try)
         self._preempts = bool(profile.preemption and profile.victim_searching)
         # The victim searching a task past its job's min_member may still do (capacity reclaim).
         self._past_minimum = [p for p in profile.victim_searching if not isinstance(p, ForStarvingJobs)]
@@ -95,6 +96,7 @@ class Placer:
             assumed = InFlightPlans({})
         ctx = UnitContext(unit)
         self._diagnosis: Diagnosis | None = None
+        self._left_rows = []
         self._grouping: GroupingPlugin | None = None
         locations: list[Mask | None] = [None]
         if self.profile.locating:
@@ -204,6 +206,7 @@ class Placer:
             # most likely taken (by the task that evicted it): this attempt does not count on it,
             # or every shard that has not heard yet proposes the task back into its old slot.
             allowed = _excluding(allowed, stale_rows, state.n)
+            self._left_rows.extend(stale_rows)  # and a diagnosis says why it was not tried there
             if not isinstance(wider, _Last):
                 wider = _excluding(wider, stale_rows, state.n)
         # Soft rules can take a task past `allowed` only to a wider set of rows.
@@ -245,7 +248,10 @@ class Placer:
                     row = softer
             victims: tuple[str, ...] = ()
             if row < 0 or eff.item(row) == NEG_INF:
-                if self._diagnosis is None:
+                # A task that stands alone (no gang) is diagnosed where it is tried last: failing
+                # its own partition, it goes on to the wider nodes, and the diagnosis would count
+                # those it then takes, or others of its job take, as fitting.
+                if self._diagnosis is None and (need > 1 or isinstance(wider, _Last)):
                     # Diagnose while the attempt's own placements are still in the view.
                     note = f"gang needs {need} of {len(indexes)} tasks" if need > 1 else ""
                     self._diagnosis = self._diagnose(entry.tc, state, ctx, note)
@@ -315,7 +321,7 @@ class Placer:
     def _diagnose(self, tc: TaskClass, state: ClusterArrays, ctx: UnitContext, note: str) -> Diagnosis:
         # Rows the Grouping plugin kept the unit off are blamed on it (asked only on failure).
         rules = [] if self._grouping is None else self._grouping.explain(ctx.unit, state)
-        return diagnose(self.profile, tc, state, ctx, note, rules)
+        return diagnose(self.profile, tc, state, ctx, note, rules, self._left_rows)
 
     def _leftover(
         self,

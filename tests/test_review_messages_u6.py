@@ -1,0 +1,51 @@
+"""Messages a user-level review found misleading (the shard's diagnosis, the dispatcher's explain,
+the service's status), each asserted at its source, in process."""
+
+from gosched.common.messages import GANG_APART_REASON, LEFT_NODE_REASON, Unit, UnitBatch
+from gosched.common.node import Node
+from tests.builders import make_job, make_node
+from tests.shard_helpers import run_units, shard_with
+
+
+def _gpu_node(name: str) -> Node:
+    return make_node(name).cpu(8).mem("16Gi").gpus(1).build()
+
+
+def _cpu_node(name: str) -> Node:
+    return make_node(name).cpu(8).mem("16Gi").build()
+
+
+def test_a_lone_task_whose_view_still_holds_it_names_that_node_not_a_gang() -> None:
+    # After a preemption the shard's view may still hold the task on the node it was evicted
+    # from: the attempt does not count on that room, and the diagnosis says so.
+    job = make_job("a").cpu(1).gpus(1).build()
+    nodes = [_cpu_node(f"n{i}") for i in range(4)] + [_gpu_node("g")]
+    shard = shard_with(nodes, [(job, 0, "g", ((0, 1000),))])
+    (verdict,) = run_units(shard, [job]).unschedulable
+    message = verdict.diagnosis.message()
+    assert verdict.diagnosis.ruled_out == {"too few GPUs": 4, LEFT_NODE_REASON: 1}
+    assert "gang" not in message
+    assert message == (
+        "0/5 nodes fit: 4 too few GPUs, "
+        "1 insufficient room counted on where it just ran (this shard's view is behind)"
+    )
+
+
+def test_tasks_that_stand_alone_are_diagnosed_where_they_were_tried_last() -> None:
+    # min_member 1: a task that fails its shard's partition goes on to the other nodes, and the
+    # job's other task takes the last one: every node is full, none "does not fit together".
+    job = make_job("a").cpu(1).gpus(1).replicas(3).build()
+    shard = shard_with([_gpu_node("g1"), _gpu_node("g2")])
+    shard.set_partition(["g1"])
+    batch = shard.schedule(UnitBatch(0, [Unit(job, (0, 1, 2), 1)]))
+    (verdict,) = batch.unschedulable
+    assert verdict.task_indexes == (2,)
+    assert verdict.diagnosis.message() == "0/2 nodes fit: 2 insufficient GPU"
+
+
+def test_a_gang_keeps_its_wording() -> None:
+    job = make_job("a").cpu(1).gpus(1).replicas(3).min_member(3).build()
+    shard = shard_with([_gpu_node("g1"), _gpu_node("g2")])
+    shard.set_partition(["g1"])
+    (verdict,) = shard.schedule(UnitBatch(0, [Unit(job, (0, 1, 2), 3)])).unschedulable
+    assert verdict.diagnosis.ruled_out.get(GANG_APART_REASON) == 1
