@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,7 +37,7 @@ GANG_VARS = (
 
 
 @contextmanager
-def agents(target: str, root: Path, hosts: dict[str, str | None]) -> Iterator[None]:
+def agents(target: str, root: Path, hosts: Mapping[str, str | None]) -> Iterator[None]:
     """`gosched agent` programs of one CPU each, by node name; a host given is advertised in the
     node's gosched.io/hostname label (None: the one the agent discovers)."""
     procs: list[subprocess.Popen[str]] = []
