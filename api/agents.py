@@ -28,8 +28,9 @@ says so first: a node update with the state NOT_READY. Its node goes not ready a
 its residents, so nothing more is bound there while the agent's "lost" reports come; once that
 agent ends its stream (half-closes it: read to its end, nothing lost in transport), those reports
 applied, the node is lost as at a timeout (whatever is still resident there is requeued), not
-`node_timeout_s` later; a stream that broke instead leaves the node not ready until the timeout. It is ready again when an agent
-registers it (an operator's cordon or drain outlives it, as it outlives a loss).
+`node_timeout_s` later; a stream that broke instead leaves the node not ready until the timeout.
+It is ready again when an agent registers it (an operator's cordon or drain outlives it, as it
+outlives a loss).
 
 Nodes registered by an agent carry the label AGENT_LABEL; after a master restart those nodes are
 given `node_timeout_s` plus the agents' longest registration backoff to reconnect before their
