@@ -1935,9 +1935,24 @@ class Dispatcher:
             head = _summary(done.job, done.state, done.states)
             return f"{head} (finished)" + (f"\n{done.note}" if done.note else "")
         lines = [_summary(rec.job, self.job_state(job_id), rec.states)]
+        capacity = self._capacity_note(rec) if rec.where in (QUEUED, PARKED, DORMANT) else ""
+        # Set aside at its every turn (next_batch_rows): no shard tried it, and queued it is not
+        # waiting for one. The capacity line below says why.
+        aside = capacity.startswith(CANNOT_RUN_IN_QUEUE)
         if rec.where is PARKED and rec.failed_backoff:
             wait = max(0.0, rec.ready_at - self.clock())
             lines.append(f"backing off after a task failed; queued again in {wait:.3f}s")
+        elif aside and rec.where is PARKED:
+            wait = max(0.0, rec.ready_at - self.clock())
+            lines.append(f"set aside: it cannot run in its queue (below); looked at again in {wait:.3f}s")
+        elif aside and rec.where is DORMANT:
+            wait = max(0.0, rec.ready_at - self.clock())
+            lines.append(
+                "set aside: it cannot run in its queue (below); looked at again when the cluster "
+                f"changes, or in {wait:.3f}s"
+            )
+        elif aside:
+            lines.append("not sent to a shard: it cannot run in its queue (below), so its turn sets it aside")
         elif rec.where is PARKED:
             wait = max(0.0, rec.ready_at - self.clock())
             lines.append(f"backing off after {rec.failures} unschedulable attempt(s); retry in {wait:.3f}s")
@@ -1952,7 +1967,6 @@ class Dispatcher:
         elif rec.where is QUEUED:
             lines.append(f"queued, {rec.dispatches} attempt(s) so far")
         if rec.where in (QUEUED, PARKED, DORMANT):
-            capacity = self._capacity_note(rec)
             if capacity:
                 lines.append(capacity)
             reservation = self._reservations.note(rec, self.clock(), self._jobs, self._queues[rec.qi])
@@ -1983,7 +1997,7 @@ class Dispatcher:
         if self._never_fits(rec, idx):
             alone = self._smallest_unit_share(rec, idx)
             return (
-                f"cannot run in queue {rec.queue}: its smallest unit ({need} task(s), with the gang's "
+                f"{CANNOT_RUN_IN_QUEUE} {rec.queue}: its smallest unit ({need} task(s), with the gang's "
                 f"bound ones) needs {alone:.1%} of the cluster, above the queue's {cap}; skipped, "
                 "so that the jobs behind it are not held back"
             )
@@ -2001,6 +2015,9 @@ class Dispatcher:
                 f"within its {cap}"
             )
         return ""
+
+
+CANNOT_RUN_IN_QUEUE = "cannot run in queue"  # the capacity note of a job set aside (_capacity_note)
 
 
 def _summary(job: Job, state: JobState, states: Sequence[TaskState]) -> str:

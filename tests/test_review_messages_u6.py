@@ -5,6 +5,8 @@ from gosched.common.messages import GANG_APART_REASON, LEFT_NODE_REASON, Unit, U
 from gosched.common.node import Node
 from tests.builders import make_job, make_node
 from tests.shard_helpers import run_units, shard_with
+from tests.test_dispatcher_capacity import cluster as capacity_cluster
+from tests.test_dispatcher_support import units
 
 
 def _gpu_node(name: str) -> Node:
@@ -49,3 +51,15 @@ def test_a_gang_keeps_its_wording() -> None:
     shard.set_partition(["g1"])
     (verdict,) = shard.schedule(UnitBatch(0, [Unit(job, (0, 1, 2), 3)])).unschedulable
     assert verdict.diagnosis.ruled_out.get(GANG_APART_REASON) == 1
+
+
+def test_a_job_set_aside_by_its_queues_capacity_is_not_said_to_be_queued() -> None:
+    d, _ = capacity_cluster()
+    d.submit_many([make_job("b0").queue("b").cpu("60").mem("1Gi").build()])  # above b's 50% cap
+    before = d.explain("b0").splitlines()
+    assert before[1] == "not sent to a shard: it cannot run in its queue (below), so its turn sets it aside"
+    assert before[2].startswith("cannot run in queue b: its smallest unit")
+    assert not units(d.next_batches())
+    after = d.explain("b0").splitlines()
+    assert after[1].startswith("set aside: it cannot run in its queue (below); looked at again in ")
+    assert not any(line.startswith(("queued,", "backing off after")) for line in before + after)
