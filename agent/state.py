@@ -41,6 +41,7 @@ class SavedTask:
     final_exit_code: int = 0
     final_message: str = ""
     restarts: int = 0  # a service's restarts in this run, so far (reported to the master)
+    backoff_s: float = 0.0  # a service's wait before its next restart (0: an older agent's file)
     # With restarts: where the process before the latest restart's and that restart's process's
     # output start, [stdout, stderr, stdout, stderr] (the run's later statuses carry them again).
     restart_starts: list[int] = dataclasses.field(default_factory=list)

@@ -335,6 +335,7 @@ class TaskTable:
                     final_exit_code=final.exit_code if final is not None else 0,
                     final_message=final.message if final is not None else "",
                     restarts=rec.restarts,
+                    backoff_s=rec.backoff_s,
                     restart_starts=[*rec.previous_starts, *rec.starts] if rec.restarts else [],
                     killed=rec.killed,
                     kill_deadline=rec.kill_deadline,
@@ -374,6 +375,7 @@ class TaskTable:
                 exit_file=s.exit_file,
                 nonce=s.nonce,
                 restarts=s.restarts,
+                backoff_s=s.backoff_s or BACKOFF_FIRST_S,  # the next restart's wait goes on (0: older file)
                 killed=s.killed,  # a kill's end is the kill's, never a service's crash to restart
                 stale=s.stale,
                 kill_deadline=s.kill_deadline,
@@ -507,8 +509,10 @@ class TaskTable:
                 self._remember(final)
                 self.report(final)
             return
-        if state == FAILED and rec.launch.service and rec.killed is None:
-            self._schedule_restart(rec, message, exit_code)
+        if rec.launch.service and rec.killed is None:
+            # A service runs until stopped: its process is restarted whatever its exit code (as a
+            # pod's with restartPolicy: Always), never after a kill (cancel, stop, time limit).
+            self._schedule_restart(rec, message or f"exit code {exit_code}", exit_code)
             return
         rec.final = task_status(task_id, state, exit_code, message)
         self._say_end(rec.final)

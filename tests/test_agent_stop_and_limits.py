@@ -18,7 +18,7 @@ from gosched import Client
 from gosched.agent.runner import AgentRunner, MoreThanTheMachine
 from gosched.api.convert import node_to_proto
 from gosched.common.node import NodeState
-from gosched.common.states import TaskState
+from gosched.common.states import JobState, TaskState
 from gosched.proto.v1 import types_pb2 as pb
 from tests.polling import stop_process
 from tests.test_agent_gateway import (
@@ -30,6 +30,7 @@ from tests.test_agent_gateway import (
     start_master,
     wait_for,
 )
+from tests.test_agent_gateway_races import Agent, agents_of, master_at
 
 MACHINE_CPUS = psutil.cpu_count(logical=True) or 1
 MACHINE_MEMORY = int(psutil.virtual_memory().total)
@@ -180,3 +181,64 @@ def test_an_agent_that_keeps_its_tasks_on_stop_leaves_its_node_as_it_is(tmp_path
         for proc in procs:
             stop_process(proc, 15)  # SIGTERM: the last agent kills the adopted task
         master.stop()
+
+
+# == 3. a service's process is restarted whatever its exit code =======================================
+def test_a_service_whose_process_exits_0_is_restarted_and_a_cancel_stops_it(tmp_path: Path) -> None:
+    """A service whose process exited 0 ended `succeeded`, never restarted: a service runs until
+    it is stopped (restartPolicy: Always), as the agent restarts one that fails."""
+    runs = tmp_path / "runs"
+    with (
+        master_at(tmp_path / "g.db") as master,
+        agents_of(master, tmp_path, "n1") as (agent,),
+        Client(master.target, timeout=10) as client,
+    ):
+        client.submit({"id": "web", "kind": "service", "cpu": "0.1", "command": [f"echo run >> {runs}"]})
+        wait_for("a restart", lambda: client.get("web").tasks[0].restarts >= 1)
+        (task,) = client.get("web").tasks
+        assert task.state is TaskState.RUNNING and task.last_restart_reason == "exit code 0", task
+        assert agent.said("web/0 (service) exit code 0; restarting in 1s") >= 0, agent.lines
+        assert agent.said("web/0 succeeded") == -1
+        client.cancel("web")
+        wait_for("cancelled", lambda: client.get("web").state is JobState.CANCELLED)
+        seen = runs.read_text().count("run")
+        time.sleep(2.5)  # past the next backoff (2 s): a cancelled service is not restarted
+        assert runs.read_text().count("run") == seen
+
+
+def test_a_batch_task_that_exits_0_is_not_restarted(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    with (
+        master_at(tmp_path / "g.db") as master,
+        agents_of(master, tmp_path, "n1"),
+        Client(master.target, timeout=10) as client,
+    ):
+        client.submit({"id": "b", "cpu": "0.1", "command": [f"echo run >> {runs}"]})
+        wait_for("the end", lambda: client.get("b").state is JobState.SUCCEEDED)
+        time.sleep(1.3)  # past a service's first backoff
+        assert runs.read_text() == "run\n"
+
+
+def test_a_services_restart_backoff_goes_on_in_the_agent_that_adopts_it(tmp_path: Path) -> None:
+    """The backoff started over with the new agent: "restarting in 4s", then "1s" from the agent
+    that adopted the service. The state file keeps it now."""
+    runs, stop = tmp_path / "runs", tmp_path / "stop"
+    # Two processes that fail at once (backoffs of 1 s, then 2 s), a third that fails when told.
+    script = f"n=$(cat {runs} 2>/dev/null | wc -l); echo run >> {runs}; "
+    script += f"if [ $n -ge 2 ]; then while [ ! -e {stop} ]; do sleep 0.05; done; fi; exit 1"
+    with master_at(tmp_path / "g.db") as master:
+        first = Agent(master.target, "n1", tmp_path / "n1")
+        with Client(master.target, timeout=10) as client:
+            wait_for("the agent", lambda: connected(client, "n1"))
+            client.submit({"id": "svc", "kind": "service", "cpu": "0.1", "command": [script]})
+            wait_for("the third process", lambda: client.get("svc").tasks[0].restarts == 2)
+            assert first.said("svc/0 (service) exit code 1; restarting in 2s") >= 0, first.lines
+            first.stop(kill_tasks=False)  # restarted: the next agent adopts the running service
+            second = Agent(master.target, "n1", tmp_path / "n1")
+            try:
+                wait_for("adopted", lambda: second.said("adopted 1 running task(s)") >= 0)
+                stop.touch()
+                wait_for("the restart", lambda: second.said("svc/0 (service) exit code 1; restarting") >= 0)
+                assert second.said("svc/0 (service) exit code 1; restarting in 4s") >= 0, second.lines
+            finally:
+                second.stop()
