@@ -82,6 +82,8 @@ from gosched.dispatcher.records import (
     gang_failed,
     job_state_of,
     queued_records,
+    retries_told_as_past,
+    retry_line,
     with_failure,
 )
 from gosched.dispatcher.reservation import Reservations, ahead
@@ -1284,9 +1286,7 @@ class Dispatcher:
                 rec.retry_at = max(rec.retry_at, now + delay)  # the longest of its failures
                 waiting[job_id] = rec
             line = failure_line(index, FAILED, why or "no reason given")
-            again = f"{line}; run again (retry {used} of {rec.job.max_retries})"
-            if delay:
-                again += f" after {format_duration(delay)}"
+            again = retry_line(line, used, rec.job.max_retries, format_duration(delay) if delay else "")
             rec.failure = with_failure(rec.failure, again)
         for tid in gone.difference(counted):  # a gang's members stopped with a failed one
             job_id, index = split_task_id(tid)
@@ -1597,7 +1597,9 @@ class Dispatcher:
         else:
             del self._tenant_jobs[rec.tenant]
         state = job_state_of(rec.states, rec.job.min_member, rec.cancelled)
+        # A finished job's retries have come (or were cancelled): told as what happened.
         history = "\n".join(filter(None, (rec.disruption, rec.failure, rec.note)))
+        history = retries_told_as_past(history, rec.states)
         self._retain(FinishedJob(rec.job, state, tuple(rec.states), history, retries, reasons))
 
     def _retain(self, done: FinishedJob) -> None:

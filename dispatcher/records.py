@@ -1,6 +1,8 @@
 """The dispatcher's per-job record: task states, counts, where the job is, and retry bookkeeping."""
 
 import enum
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,8 +269,44 @@ def failure_line(index: int, state: TaskState, why: str) -> str:
     return f"task {index} {state.value}: {why}"
 
 
+def retry_line(line: str, used: int, of: int, after: str = "") -> str:
+    """A failure's line with the retry it gets, told while it is to come: "task 0 failed: exit
+    code 3; run again (retry 1 of 2) after 10s" (`after`: the backoff, "" for none)."""
+    return f"{line}; run again (retry {used} of {of})" + (f" after {after}" if after else "")
+
+
+# retry_line's future, at the end of a line (after an optional "latest: "): the task and the retry.
+_RETRY_TO_COME = re.compile(
+    r"^((?:latest: )?task (\d+) .*); run again \((retry \d+ of \d+)\)(?: after \S+)?$", re.M
+)
+
+
+def retries_told_as_past(history: str, states: Sequence[TaskState] = ()) -> str:
+    """`history` with each retry_line told as what happened: "; was run again (retry 1 of 2)",
+    for a task whose retry has come (a later failure of it, or its job finished). Of a task that
+    ended cancelled (`states`), the retry may not have run: "; was set to run again (...)"."""
+
+    def past(match: re.Match[str]) -> str:
+        index = int(match.group(2))
+        cancelled = index < len(states) and states[index] is TaskState.CANCELLED
+        return f"{match.group(1)}; was {'set to run' if cancelled else 'run'} again ({match.group(3)})"
+
+    return _RETRY_TO_COME.sub(past, history)
+
+
+def _task_of(line: str) -> str:
+    """'task 3' of a failure_line ("" for another line)."""
+    words = line.split(" ", 2)
+    return f"{words[0]} {words[1]}" if len(words) > 2 and words[0] == "task" else ""
+
+
 def with_failure(history: str, line: str) -> str:
     """A job's failure record after another failure: the first stays (a gang's other members
-    often fail of it: killed, peers lost), beside the latest."""
+    often fail of it: killed, peers lost), beside the latest. A first failure's retry that a later
+    failure of the same task shows has come is told as past."""
     first = history.split("\n", 1)[0]
-    return f"{first}\nlatest: {line}" if first and first != line else line
+    if not first or first == line:
+        return line
+    if _task_of(first) and _task_of(first) == _task_of(line):
+        first = retries_told_as_past(first)
+    return f"{first}\nlatest: {line}"

@@ -1,12 +1,14 @@
 """Messages a user-level review found misleading (the shard's diagnosis, the dispatcher's explain,
 the service's status), each asserted at its source, in process."""
 
+from gosched.common.job import task_id
 from gosched.common.messages import GANG_APART_REASON, LEFT_NODE_REASON, Unit, UnitBatch
 from gosched.common.node import Node
+from gosched.common.states import TaskState
 from tests.builders import make_job, make_node
 from tests.shard_helpers import run_units, shard_with
 from tests.test_dispatcher_capacity import cluster as capacity_cluster
-from tests.test_dispatcher_support import units
+from tests.test_dispatcher_support import CPU, GI, accept, dispatcher, units
 
 
 def _gpu_node(name: str) -> Node:
@@ -63,3 +65,35 @@ def test_a_job_set_aside_by_its_queues_capacity_is_not_said_to_be_queued() -> No
     after = d.explain("b0").splitlines()
     assert after[1].startswith("set aside: it cannot run in its queue (below); looked at again in ")
     assert not any(line.startswith(("queued,", "backing off after")) for line in before + after)
+
+
+def _retried_twice_then(final: TaskState) -> str:
+    """explain of a finished one-task job whose task failed, ran again, failed, ran again and ended
+    `final` (max_retries 2)."""
+    d, clock = dispatcher(shards=1)
+    d.set_cluster_capacity(100 * CPU, 100 * GI, 0)
+    d.submit(make_job("j").cpu("1").max_retries(2).build())
+    tid = task_id("j", 0)
+    for _ in range(2):
+        d.notify_cluster_changed()
+        d.on_reply(accept(units(d.next_batches())))
+        assert d.begin_retries([tid]) == [tid]
+        d.on_retried([tid], [tid], {tid: "exit code 1"})
+        assert "run again (retry" in d.explain("j")  # to come, while the job waits for it
+        clock.advance(3600)
+    d.notify_cluster_changed()
+    d.on_reply(accept(units(d.next_batches())))
+    d.on_released([tid], final, {tid: "exit code 1"} if final is TaskState.FAILED else None)
+    return d.explain("j")
+
+
+def test_a_finished_jobs_history_tells_its_retries_as_past() -> None:
+    failed = _retried_twice_then(TaskState.FAILED)
+    assert "(finished)" in failed.splitlines()[0]
+    assert "task 0 failed: exit code 1; was run again (retry 1 of 2)\n" in failed
+    assert "latest: task 0 failed: exit code 1; no retry left (of 2)" in failed
+    assert "run again (retry" not in failed.replace("was run again (retry", "")
+    succeeded = _retried_twice_then(TaskState.SUCCEEDED)
+    assert "task 0 failed: exit code 1; was run again (retry 1 of 2)\n" in succeeded
+    assert "latest: task 0 failed: exit code 1; was run again (retry 2 of 2)" in succeeded
+    assert " after " not in succeeded

@@ -213,11 +213,13 @@ def test_a_flaky_task_on_an_agent_succeeds_on_its_retry(tmp_path: Path) -> None:
         assert b"".join(client.logs("flaky", 0)) == b"attempt 1\n"  # the run that succeeded, alone
         assert b"".join(client.logs("flaky", 0, previous=True)) == b"attempt 0\n"  # and the failed one
         explained = client.explain("flaky")
-        assert "task 0 failed: exit code 3 (on n1); run again (retry 1 of 2) after 0.2s" in explained
+        # Finished: its retry is told as what happened, no longer as to come after its backoff.
+        assert "task 0 failed: exit code 3 (on n1); was run again (retry 1 of 2)" in explained
+        assert "after 0.2s" not in explained
         wait_for("broken failed", lambda: client.get("broken").state is JobState.FAILED, timeout=30)
         assert agent.lines.count("broken/0 failed: exit code 4") == 3, agent.lines
         explained = client.explain("broken")
-        assert "run again (retry 1 of 2)" in explained  # the first failure, and the last:
+        assert "was run again (retry 1 of 2)" in explained  # the first failure, and the last:
         assert "latest: task 0 failed: exit code 4 (on n1); no retry left (of 2)" in explained
         # The retries used, per task, in the API's view (Slurm's Restarts; kubectl's RESTARTS
         # counts a service's restarts by its agent, and stays 0 here).
