@@ -53,7 +53,9 @@ class SchedulerMetrics:
             "gosched_active_jobs", "Jobs with a task not yet ended", value=status.active_jobs
         )
         yield CounterMetricFamily(
-            "gosched_bound_tasks", "Tasks bound to a node by the binder", value=status.bound_tasks
+            "gosched_bound_tasks",
+            "Bindings of tasks to nodes since the master started (not the tasks bound now)",
+            value=status.bound_tasks,
         )
         yield CounterMetricFamily(
             "gosched_binder_conflicts",

@@ -97,3 +97,29 @@ def test_a_finished_jobs_history_tells_its_retries_as_past() -> None:
     assert "task 0 failed: exit code 1; was run again (retry 1 of 2)\n" in succeeded
     assert "latest: task 0 failed: exit code 1; was run again (retry 2 of 2)" in succeeded
     assert " after " not in succeeded
+
+
+def test_the_bound_tasks_metric_says_it_counts_since_the_start() -> None:
+    from typing import Any, cast
+
+    from prometheus_client import generate_latest
+
+    from gosched.api.metrics import SchedulerMetrics
+    from gosched.api.service import StatusView
+
+    class _Service:
+        ready = True
+
+        def status(self) -> StatusView:
+            return StatusView(ready=True, bound_tasks=0)  # a master just restarted, its jobs running
+
+        def pending_tasks(self) -> int:
+            return 0
+
+        def queues(self) -> list[Any]:
+            return []
+
+    text = generate_latest(SchedulerMetrics(cast(Any, _Service())).registry).decode()
+    (help_line,) = [line for line in text.splitlines() if line.startswith("# HELP gosched_bound_tasks_total")]
+    assert "since the master started" in help_line
+    assert "gosched_bound_tasks_total 0.0" in text  # a counter from 0 at each start, as Prometheus reads one
