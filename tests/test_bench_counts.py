@@ -220,8 +220,9 @@ def test_a_run_on_a_clock_at_its_origin_counts_every_binding(monkeypatch: pytest
         assert r.p50_ms == r.p99_ms == 0.0  # bound at the dispatch's instant, on that clock
 
 
-def test_the_pipelines_own_latencies_count_a_dispatch_at_the_clocks_origin() -> None:
-    p = Pipeline(Settings(shards=1), nodes=sim_nodes(2), clock=lambda: 0.0)
+def test_the_pipelines_own_latencies_count_a_dispatch_at_the_clocks_origin(tmp_path: Path) -> None:
+    # Its own store: the default one (gosched.db in the working directory) outlives the run.
+    p = Pipeline(Settings(shards=1), nodes=sim_nodes(2), clock=lambda: 0.0, store_path=tmp_path / "s.db")
     p.submit_many(basic_jobs(5))
     p.run_until_idle()
     assert p.stats.bound_tasks == 5 and p.stats.latencies == [0.0] * 5
