@@ -46,7 +46,7 @@ LOST_RESTART = "lost: agent restarted"
 EXIT_UNKNOWN = "exit code unknown (agent restarted)"
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
-STABLE_RUN_S = 60.0  # a service that ran this long before failing starts its backoff over
+STABLE_RUN_S = 60.0  # a service that ran this long before it exited starts its backoff over
 STALE_GRACE_S = 5.0  # the master may already run a stale task elsewhere: do not wait long
 TIME_LIMIT_GRACE_S = 10.0  # SIGTERM to SIGKILL for a task past its time limit (Slurm's KillWait)
 FINISHED_KEPT = 1024  # final statuses (and log files) kept, to resend if the master did not get them
@@ -118,7 +118,7 @@ class TaskRecord:
     starts: tuple[int, int] = (0, 0)
     previous_starts: tuple[int, int] = (0, 0)
     backoff_s: float = BACKOFF_FIRST_S
-    restart_at: float | None = None  # a failed service waiting for its restart
+    restart_at: float | None = None  # a service whose process exited, waiting for its restart
     restart_why: str = ""
     restart_code: int = NO_EXIT_CODE  # how the process behind the coming restart ended
     restart_time: float = 0.0  # when (unix seconds)

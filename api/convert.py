@@ -368,8 +368,9 @@ class TaskInfo:
     node: str = ""
     gpus: tuple[tuple[int, int], ...] = ()  # (GPU index, milli)
     # How many times its node agent restarted the task's process in this attempt (a service's task
-    # that failed; 0 again once it is placed anew), how the process behind the latest restart ended
-    # ("exit code 1") and when (unix seconds, the agent's clock; 0: no restart).
+    # whose process exited, with any exit code; 0 again once it is placed anew), how the process
+    # behind the latest restart ended ("exit code 1") and when (unix seconds, the agent's clock; 0:
+    # no restart).
     restarts: int = 0
     last_restart_reason: str = ""
     last_restart_time: float = 0.0

@@ -66,7 +66,7 @@ class Exhausted(ServiceError):
 
 @dataclass(frozen=True, slots=True)
 class TaskRestarts:
-    """What a task's node agent said about restarting it (a service's task whose process failed),
+    """What a task's node agent said about restarting it (a service's task whose process exited),
     within one attempt of the task: how many times, and how the process behind the latest ended."""
 
     attempt: int  # the task's attempt (ControlPlane.task_attempts) the restarts belong to

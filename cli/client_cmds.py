@@ -187,7 +187,10 @@ def submit(
         str | None,
         typer.Option(
             "--kind",
-            help="batch (default) or service: long-running, its node agent restarts a process that fails.",
+            help=(
+                "batch (default) or service: long-running, its node agent restarts its process whenever"
+                " it exits (exit code 0 too), never after a kill (cancel, preemption, time limit)."
+            ),
         ),
     ] = None,
     preemptible: Annotated[

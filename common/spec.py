@@ -16,7 +16,10 @@ Job spec (every key optional unless marked)::
     priority: 0                # int in [-1000000, 1000000]
     min_member: 1              # gang size: 1 <= min_member <= total replicas
     preemptible: true
-    kind: batch                # batch | service
+    kind: batch                # batch | service. A service's process is restarted by its agent
+                               #   whenever it exits, exit code 0 too (restartPolicy: Always), never
+                               #   after a kill (cancel, preemption, the agent's stop, time_limit); a
+                               #   batch task never is (its failures are retried by max_retries)
     deadline: 1735689600.0     # unix seconds or ISO-8601 ("2025-01-01T00:00:00Z"; no zone: UTC; an
                                #   unquoted YAML date/time works too), or "now+2h" (a duration as
                                #   time_limit takes it, from `now`); when `now` is given, after it
