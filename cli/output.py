@@ -354,7 +354,8 @@ def status_view(s: Mapping[str, Any]) -> str:
             ),
             ("Shards", str(s["shards"])),
             ("Rounds", str(s["rounds"])),
-            ("Bound tasks", str(s["bound_tasks"])),
+            # bound_tasks is gosched_bound_tasks: bindings since the master started, not tasks bound now
+            ("Bindings since start", str(s["bound_tasks"])),
             ("Conflicts", str(s["binder_conflicts"])),
         ]
     )

@@ -424,7 +424,11 @@ def test_queues_and_status(server: ServerHandle, client: Client) -> None:
     assert re.search(r"^Ready:\s+yes$", status.stdout, re.M)
     assert re.search(r"^Nodes:\s+8 \(\d schedulable\)$", status.stdout, re.M)
     assert re.search(r"^CPU:\s+[\d.]+/384 cores$", status.stdout, re.M)
-    assert re.search(r"^GPU:\s+[\d.]+/16$", status.stdout, re.M) and "Shards:       2" in status.stdout
+    assert re.search(r"^GPU:\s+[\d.]+/16$", status.stdout, re.M)
+    assert re.search(r"^Shards:\s+2$", status.stdout, re.M)
+    # the binder's counter since the master started (gosched_bound_tasks), not the tasks bound now
+    assert re.search(r"^Bindings since start:\s+\d+$", status.stdout, re.M), status.stdout
+    assert "Bound tasks" not in status.stdout
     # pending jobs are among those not ended, not beside them
     shown = (
         r"^Jobs:\s+(\d+) not ended: (\d+) with tasks waiting for a place, (\d+) all placed or being placed$"
