@@ -17,7 +17,7 @@ import yaml
 
 from gosched.cli.exits import CliError
 from gosched.common.node import TaintEffect
-from gosched.common.strict_yaml import DuplicateKeyError, _UniqueKeyLoader
+from gosched.common.strict_yaml import DuplicateKeyError, load_yaml_all
 
 # spec key -> the flag that sets it
 TASK_FLAGS = {
@@ -194,8 +194,8 @@ def load_spec_documents(text: str) -> list[Any]:
         return [json.loads(text, object_pairs_hook=_unique_pairs)]
     except json.JSONDecodeError:
         pass
-    # The loader of load_yaml (a key given twice is an error), for every document of the stream.
-    return [d for d in yaml.load_all(text, Loader=_UniqueKeyLoader) if d is not None]
+    # As load_yaml reads (a key given twice is an error), for every document of the stream.
+    return [d for d in load_yaml_all(text) if d is not None]
 
 
 def _read_text(path: str, stdin: TextIO) -> tuple[str, str]:

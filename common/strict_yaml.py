@@ -37,3 +37,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_yaml(text: str) -> Any:
     """The YAML document in `text` as plain data; DuplicateKeyError or yaml.YAMLError."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader subclass
+
+
+def load_yaml_all(text: str) -> list[Any]:
+    """Every YAML document in `text` (a stream may hold several, between `---` lines) as plain
+    data, in order, an empty one as None; a key given twice is refused as in load_yaml.
+    DuplicateKeyError or yaml.YAMLError, raised before any document is returned."""
+    return list(yaml.load_all(text, Loader=_UniqueKeyLoader))  # safe: a SafeLoader subclass
