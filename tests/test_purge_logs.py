@@ -2,20 +2,16 @@
 current and previous runs, their restart marks), and no other job's: real SQLite, real files in
 tmp_path, a real master for the wiring."""
 
-import threading
 import time
 from pathlib import Path
 
 from gosched import Client
 from gosched.api.logs import LogStore
-from gosched.api.server import serve
 from gosched.api.store_purge import StorePurger
-from gosched.common.config import Settings
 from gosched.common.states import TaskState
 from gosched.common.store import Store
 from tests.builders import make_job
-
-T0 = 1_000.0
+from tests.store_helpers import T0, finished_jobs, master, stop_in_transaction
 
 
 def _every_log_file(logs: LogStore, task_id: str) -> None:
@@ -79,8 +75,7 @@ def test_a_purge_removes_the_purged_jobs_log_files_and_no_other_jobs(tmp_path: P
 def test_a_log_file_that_cannot_go_is_logged_and_the_purge_goes_on(tmp_path: Path, caplog: object) -> None:
     db, logs = tmp_path / "gs.db", LogStore(tmp_path / "logs")
     with Store(db) as s:
-        s.add_jobs([make_job(j).cpu("1").build() for j in ("x", "y")], now=T0)
-        s.set_task_states([("x/0", TaskState.CANCELLED), ("y/0", TaskState.CANCELLED)], now=T0)
+        finished_jobs(s, {"x": 1, "y": 1})
     logs.write("x/0", "stderr", 0, b"x\n")
     logs.path("x/0", "stdout").mkdir()  # unlink cannot remove it (a directory)
     logs.write("y/0", "stdout", 0, b"y\n")
@@ -97,8 +92,7 @@ def test_a_big_jobs_logs_go_with_its_tombstone_all_its_tasks(tmp_path: Path) -> 
     transaction takes its rows."""
     db, logs = tmp_path / "gs.db", LogStore(tmp_path / "logs")
     with Store(db) as s:
-        s.add_jobs([make_job("big").cpu("1").replicas(12).build()], now=T0)
-        s.set_task_states([(f"big/{i}", TaskState.CANCELLED) for i in range(12)], now=T0)
+        finished_jobs(s, {"big": 12})
         for i in range(12):
             logs.write(f"big/{i}", "stdout", 0, b"out\n")
         gone: list[tuple[str, int]] = []
@@ -112,10 +106,7 @@ def test_a_big_jobs_logs_go_with_its_tombstone_all_its_tasks(tmp_path: Path) -> 
 def test_the_masters_purger_removes_the_logs_it_keeps(tmp_path: Path) -> None:
     """Wired by serve: the master's own purger removes from the master's own log folder."""
     db = tmp_path / "gs.db"
-    settings = Settings(store_path=str(db), shards=1, finished_job_ttl_s=60.0)
-    handle = serve(
-        settings, (), grpc_port=0, http_port=None, host="127.0.0.1", runtime="local", wait_ready=True
-    )
+    handle = master(db, ttl_s=60.0)
     try:
         logs = LogStore(tmp_path / "gs.db.logs")  # the master's log folder (beside the store)
         with Client(handle.target, timeout=10) as client:
@@ -140,8 +131,7 @@ def test_a_job_run_again_between_the_purges_scan_and_its_transaction_keeps_its_l
     stays, and so do its logs (they are the previous run's of its next)."""
     db, logs = tmp_path / "gs.db", LogStore(tmp_path / "logs")
     with Store(db) as s:
-        s.add_jobs([make_job(j).cpu("1").build() for j in ("again", "gone")], now=T0)
-        s.set_task_states([("again/0", TaskState.CANCELLED), ("gone/0", TaskState.CANCELLED)], now=T0)
+        finished_jobs(s, {"again": 1, "gone": 1})
     for j in ("again", "gone"):
         logs.write(f"{j}/0", "stdout", 0, b"out\n")
     with Store(db) as s:
@@ -173,20 +163,10 @@ def test_a_big_job_a_crash_left_half_deleted_has_its_tasks_logs_taken_by_the_nex
     hands over every task id up to the highest index left, not only as many as the rows left."""
     db, logs = tmp_path / "gs.db", LogStore(tmp_path / "logs")
     with Store(db) as s:
-        s.add_jobs([make_job("big").cpu("1").replicas(12).build()], now=T0)
-        s.set_task_states([(f"big/{i}", TaskState.CANCELLED) for i in range(12)], now=T0)
+        finished_jobs(s, {"big": 12})
         for i in range(12):
             logs.write(f"big/{i}", "stdout", 0, b"out\n")
-        stop = threading.Event()
-        begun: list[str] = []
-
-        def trace(sql: str) -> None:  # stops the purge in its second transaction
-            if sql.startswith("BEGIN"):
-                begun.append(sql)
-                if len(begun) == 2:
-                    stop.set()
-
-        s._conn.set_trace_callback(trace)
+        stop = stop_in_transaction(s, 2)  # the purge ends in its second transaction
         # as a master that died before its logs went: no on_purged
         assert s.purge_finished(before=T0 + 1, keep=0, rows=5, stop=stop) == 1
         s._conn.set_trace_callback(None)

@@ -14,15 +14,12 @@ from hypothesis import strategies as st
 
 from gosched import Client
 from gosched.api.errors import AlreadyExists
-from gosched.api.server import ServerHandle, serve
 from gosched.api.store_purge import StorePurger
-from gosched.common.config import Settings
 from gosched.common.errors import AlreadyStored
 from gosched.common.states import TERMINAL, JobState, TaskState
 from gosched.common.store import RestartRow, Store
 from tests.builders import make_job
-
-T0 = 1_000.0
+from tests.store_helpers import T0, finished_jobs, master, stop_in_transaction
 
 
 def _rows(db: Path, table: str, column: str) -> set[str]:
@@ -74,9 +71,7 @@ def test_old_finished_jobs_go_with_every_row_and_the_rest_stay(tmp_path: Path) -
 
 def _finished_jobs(s: Store, shape: list[int]) -> None:
     """Jobs j0, j1, ... of these many tasks each, all cancelled at T0."""
-    s.add_jobs([make_job(f"j{k}").cpu("1").replicas(n).build() for k, n in enumerate(shape)], now=T0)
-    tids = [f"j{k}/{i}" for k, n in enumerate(shape) for i in range(n)]
-    s.set_task_states([(tid, TaskState.CANCELLED) for tid in tids], now=T0)
+    finished_jobs(s, {f"j{k}": n for k, n in enumerate(shape)})
 
 
 def _transactions(s: Store) -> list[str]:
@@ -102,16 +97,7 @@ def test_a_big_jobs_rows_left_by_a_crash_are_taken_by_the_next_purge(tmp_path: P
     db = tmp_path / "gs.db"
     with Store(db) as s:
         _finished_jobs(s, [5])
-        stop = threading.Event()
-        begun: list[str] = []
-
-        def trace(sql: str) -> None:  # stops the purge in its second transaction
-            if sql.startswith("BEGIN"):
-                begun.append(sql)
-                if len(begun) == 2:
-                    stop.set()
-
-        s._conn.set_trace_callback(trace)
+        stop = stop_in_transaction(s, 2)
         assert s.purge_finished(before=T0 + 1, keep=0, rows=2, stop=stop) == 1  # stopped midway
         assert s.is_purged("j0") and 0 < len(_rows(db, "tasks", "task_id")) < 5
         assert s.load_jobs() == []  # ended rows of no job: nothing a restart reads
@@ -168,19 +154,12 @@ def test_a_purge_deletes_exactly_the_old_finished_jobs_past_the_newest_kept(
         assert {j.id for j, _ in s.load_jobs()} == {f"j{n}" for n in range(len(jobs))} - expected
 
 
-def _master(db: Path, ttl_s: float | None) -> ServerHandle:
-    settings = Settings(store_path=str(db), shards=1, finished_job_ttl_s=ttl_s)
-    return serve(
-        settings, (), grpc_port=0, http_port=None, host="127.0.0.1", runtime="local", wait_ready=True
-    )
-
-
 def test_the_master_purges_a_cancelled_job_of_its_store_and_keeps_serving(tmp_path: Path) -> None:
     """Through a running master (local runtime, real gRPC): a purge run while it serves takes the
     old finished job's rows, leaves the active one, and the master goes on taking jobs; restarted,
     it still refuses the purged job's id."""
     db = tmp_path / "gs.db"
-    handle = _master(db, ttl_s=60.0)
+    handle = master(db, ttl_s=60.0)
     try:
         assert handle._purger is not None and handle._purger._thread.is_alive()
         with Client(handle.target, timeout=10) as client:
@@ -198,7 +177,7 @@ def test_the_master_purges_a_cancelled_job_of_its_store_and_keeps_serving(tmp_pa
     finally:
         handle.stop()
     assert not handle._purger._thread.is_alive()
-    again = _master(db, ttl_s=60.0)
+    again = master(db, ttl_s=60.0)
     try:
         with Client(again.target, timeout=10) as client:
             assert {j.id for j in client.list()} == {"waits", "after"}
@@ -209,15 +188,14 @@ def test_the_master_purges_a_cancelled_job_of_its_store_and_keeps_serving(tmp_pa
 
 
 def test_no_purger_runs_without_a_ttl_and_one_runs_by_itself_on_its_period(tmp_path: Path) -> None:
-    handle = _master(tmp_path / "a.db", ttl_s=None)
+    handle = master(tmp_path / "a.db", ttl_s=None)
     try:
         assert handle._purger is None
     finally:
         handle.stop()
     db = tmp_path / "b.db"
     with Store(db) as s:
-        s.add_jobs([make_job("j").cpu("1").build()], now=T0)
-        s.set_task_states([("j/0", TaskState.CANCELLED)], now=T0)
+        finished_jobs(s, {"j": 1})
     purger = StorePurger(str(db), 1.0, keep=0, first_after_s=0.01, every_s=0.01)
     purger.start()
     try:
