@@ -89,6 +89,10 @@ class QueueConfig(_Strict):
     reserve_after_s: float | None = Field(default=300.0, ge=0.0)
     # Tenant weights for drf / fair; tenants not listed weigh 1.
     tenant_weights: dict[str, float] = Field(default_factory=dict)
+    # A job the queue's max_share holds back may evict the queue's own lower-priority preemptible
+    # tasks to get within it (Kueue's withinClusterQueue: LowerPriority; YARN's intra-queue
+    # preemption). "never" (the default, as theirs): it waits for the queue's usage to fall.
+    within_queue_preemption: Literal["never", "lower_priority"] = "never"
 
     @model_validator(mode="after")
     def _guarantee_below_max(self) -> "QueueConfig":

@@ -64,6 +64,11 @@ class Unit:
     # preemptor's own priority is compared with it, so aging protects a job that waited without
     # arming it; other queues' preemptors see the job's own priority (aging orders one queue).
     standing: int | None = None
+    # (cpu milli, memory, GPU milli) its queue must shed: the unit's queue may evict its own
+    # lower-priority tasks to stay within its max_share (QueueConfig.within_queue_preemption), and
+    # the unit's victims of its queue, on the nodes it takes, must free at least this much. None:
+    # nothing to shed (the usual unit).
+    shed: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -88,9 +93,18 @@ def _unit_batch(shard_id: int, job_rows: list[tuple[Any, ...]], rests: list[tupl
 
 
 # A Unit's field values in order (what fast_pickle.rows_of(Unit) reads): job, task_indexes,
-# min_needed, attempt, reclaim_from, dispatch_time, held, floors, standing.
+# min_needed, attempt, reclaim_from, dispatch_time, held, floors, standing, shed.
 UnitRow = tuple[
-    Job, tuple[int, ...], int, int, frozenset[str], float, int, tuple[QueueFloor, ...], int | None
+    Job,
+    tuple[int, ...],
+    int,
+    int,
+    frozenset[str],
+    float,
+    int,
+    tuple[QueueFloor, ...],
+    int | None,
+    tuple[int, int, int] | None,
 ]
 ROW_DISPATCH_TIME: Final = 5  # the dispatch_time's place in a UnitRow
 _JOB_OF_ROW = itemgetter(0)

@@ -74,6 +74,11 @@ class CapacityPlanner:
             return share / self.entitled[i]
         return NOT_ELIGIBLE
 
+    def borrow_rank(self, i: int, share: float) -> float:
+        """rank() of a borrowing queue, its max_share aside: the order of a queue at its cap whose
+        head may shed the queue's own tasks to get within it (dispatcher/shedding.py)."""
+        return share / self.entitled[i]
+
     def below_guarantee(self, i: int, share: float) -> bool:
         return share < self.guarantees[i] - EPS
 

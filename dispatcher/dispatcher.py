@@ -88,6 +88,7 @@ from gosched.dispatcher.records import (
 )
 from gosched.dispatcher.reservation import Reservations, ahead
 from gosched.dispatcher.room import evictions_made_room
+from gosched.dispatcher.shedding import QueueShedding, Shed
 from gosched.dispatcher.store import JobStore
 from gosched.dispatcher.usage import UsageTracker
 from gosched.dispatcher.verdicts import Verdicts
@@ -143,6 +144,7 @@ class Dispatcher:
         self.admission = AdmissionController(settings.admission, clock)
         self.partitions = Partitioner(settings.shards)
         self.capacity = CapacityPlanner(settings.queues)
+        self._shedding = QueueShedding(settings.queues)
         self._queue_index = {q.name: i for i, q in enumerate(settings.queues)}
         self._queues: list[PolicyQueue[JobRecord]] = [
             make_queue(q, self.usage, self.clock) for q in settings.queues
@@ -465,6 +467,7 @@ class Dispatcher:
         reserved = self._reservations.holding(self._jobs)
         enforce_max = usage.has_capacity
         capped, shares_matter = cap.capped, cap.shares_matter
+        sheds = self._shedding.enabled
         fenced = self._fenced if usage.has_capacity and any(self._fenced) else None
         ordered = self._ordered if n_shards > 1 and usage.has_capacity and any(self._ordered) else None
         # unheld: capacity less what is held; free (cpu, memory, gpu): less what is in flight too
@@ -512,6 +515,8 @@ class Dispatcher:
                     if blocked[i] or not queues[i]:
                         continue
                     key = cap.rank(i, shares[i])
+                    if key == NOT_ELIGIBLE and sheds[i]:
+                        key = cap.borrow_rank(i, shares[i])  # at its cap, its head may shed (below)
                     if key == NOT_ELIGIBLE:
                         blocked[i] = True
                     elif key < best_key:
@@ -541,6 +546,7 @@ class Dispatcher:
             else:
                 idx = rec.pending_indexes()
                 cpu, mem, gpu = rec.cost_of(idx)
+            shed = None
             if enforce_max and capped[best]:
                 after = usage.queue_share_after(rec.queue, cpu, mem, gpu)
                 if not cap.fits(best, after):
@@ -556,6 +562,13 @@ class Dispatcher:
                         )
                         self._park(rec, now, delay)
                         continue
+                    if part is None and sheds[best]:
+                        # Within-queue preemption: its minimum goes, evicting the queue's own
+                        # lower-priority tasks to stay within max_share (dispatcher/shedding.py).
+                        part = idx[: self._need(rec)]
+                        shed = self._shed_for(rec, best, part)
+                        if shed is None:
+                            part = None
                     if part is None:
                         blocked[best] = True  # head-of-line: the queue waits for its usage to fall
                         self._held_back[best] = rec.job_id
@@ -605,7 +618,9 @@ class Dispatcher:
                 load, s = heapq.heapreplace(heap, (load, s))
             effective = standing_of[best]
             standing = None if effective is None else standing_from(rec.job.priority, effective(rec, now))
-            unit = dispatch(rec, idx, cpu, mem, gpu, s, reclaim, floors[best], now, inflight, standing)
+            unit = dispatch(rec, idx, cpu, mem, gpu, s, reclaim, floors[best], now, inflight, standing, shed)
+            if shed is not None:
+                self._shedding.started(rec)
             if rec is self._reservations.held[best]:
                 reserved[best] = rec  # in flight now: the jobs behind it wait for its answer
             if claim:
@@ -700,6 +715,17 @@ class Dispatcher:
         c0, m0, g0 = rec.cost_of(held)
         c1, m1, g1 = rec.cost_of(idx[: self._need(rec)])
         return self.usage.dominant_share((c0 + c1, m0 + m1, g0 + g1))
+
+    def _shed_for(self, rec: JobRecord, qi: int, idx: tuple[int, ...]) -> Shed | None:
+        """What the unit `idx` of `rec` must make its queue shed to stay within max_share, if it
+        may (QueueShedding.shed_for); None: it waits, as without within-queue preemption."""
+        usage = self.usage
+        excess = usage.queue_excess_after(rec.queue, *rec.cost_of(idx), self.capacity.max_shares[qi])
+        if not any(excess):
+            return None  # within it after all (the share's rounding): _prefix_within said no
+        key = tuple(usage.usage("queue", rec.queue, "held").tolist())
+        jobs = self._jobs
+        return self._shedding.shed_for(rec, excess, key, lambda: (r for r in jobs.values() if r.qi == qi))
 
     def _never_fits(self, rec: JobRecord, idx: tuple[int, ...]) -> bool:
         """Even with its queue otherwise empty, the job's next unit would pass max_share."""
@@ -797,7 +823,7 @@ class Dispatcher:
                     need = 1
                 if need > count:
                     need = count
-                batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
+                batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None, None))
                 free_cpu -= cpu
                 free_mem -= mem
                 free_gpu -= gpu
@@ -830,6 +856,7 @@ class Dispatcher:
         now: float,
         inflight: dict[tuple[str, str], list[int]] | None,
         standing: int | None = None,
+        shed: Shed | None = None,
     ) -> UnitRow:
         """Send the unit `idx` of `rec` (costing cpu, mem, gpu) to `shard`: its tasks scheduled, its
         cost in flight (added to `inflight` per queue and tenant, when given, for the caller to add
@@ -873,7 +900,7 @@ class Dispatcher:
             need = 1
         if need > count:
             need = count
-        return (rec.job, idx, need, attempt, reclaim, now, held, floors, standing)
+        return (rec.job, idx, need, attempt, reclaim, now, held, floors, standing, shed)
 
     # -- answers ---------------------------------------------------------------------------------------
     def on_reply(self, reply: BindReply) -> list[str]:
@@ -2006,10 +2033,14 @@ class Dispatcher:
         share = self.usage.queue_share(rec.queue)
         after = self.usage.queue_share_after(rec.queue, *rec.cost_of(idx[:need]))
         if not self.capacity.fits(rec.qi, after):
-            return (
+            note = (
                 f"held back by capacity: queue {rec.queue} is at {share:.1%} of the cluster and this "
                 f"job's next {need} task(s) would take it to {after:.1%}, above its {cap}"
             )
+            why = self._shedding.why[rec.qi] if self._shedding.enabled[rec.qi] else ""
+            if why and self._held_back[rec.qi] == rec.job_id:
+                note += f"; no within-queue preemption: {why}"
+            return note
         head = self._jobs.get(self._held_back[rec.qi])
         if head is not None and head is not rec and head.where is QUEUED and rec.where is QUEUED:
             return (

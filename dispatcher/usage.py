@@ -17,6 +17,7 @@ and its queue's listeners. Every read-out is a numpy vector, and the all-entitie
 `matrix`) are computed with numpy in one go.
 """
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -256,6 +257,23 @@ class UsageTracker:
         row = self._queues.get(queue) or [0, 0, 0, 0, 0, 0]
         i0, i1, i2 = self._inv
         return max((row[0] + row[3] + cpu) * i0, (row[1] + row[4] + mem) * i1, (row[2] + row[5] + gpu) * i2)
+
+    def queue_excess_after(
+        self, queue: str, cpu: int, mem: int, gpu: int, limit: float
+    ) -> tuple[int, int, int]:
+        """Per resource, how far the queue (held + in flight) with `cpu, mem, gpu` more would be
+        past `limit` of the cluster (0 where within it, or where the cluster has none): what it
+        must give up for its dominant share to stay within `limit`."""
+        row = self._queues.get(queue) or [0, 0, 0, 0, 0, 0]
+        more = (cpu, mem, gpu)
+        out = []
+        for r in range(3):
+            c = self._cap[r]
+            # The most the queue may use of the resource: as fits() allows (share within limit + EPS).
+            allowed = math.floor(c * (limit + 1e-9)) if c else 0
+            use = row[r] + row[r + 3] + more[r]
+            out.append(max(0, use - allowed) if c else 0)
+        return out[0], out[1], out[2]
 
     def queue_held_share_after(self, queue: str, cpu: int, mem: int, gpu: int) -> float:
         """Dominant share of what the queue holds (bound or running), with `cpu, mem, gpu` more;

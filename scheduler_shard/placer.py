@@ -29,7 +29,7 @@ from gosched.scheduler_shard.framework.task_class import TaskClass
 from gosched.scheduler_shard.gpu_assign import choose_gpus
 from gosched.scheduler_shard.in_flight import InFlightPlans
 from gosched.scheduler_shard.plugins.preemption import ForStarvingJobs
-from gosched.scheduler_shard.preemption import find_candidate
+from gosched.scheduler_shard.preemption import find_candidate, shed_left
 from gosched.scheduler_shard.unit_context import UnitContext
 
 # At most this many class entries' never-fits counts are kept (each keeps its entry alive).
@@ -74,6 +74,7 @@ class Placer:
         self._own: Mask | None = None  # the unit's first location (the own partition), if others follow
         self._left_rows: list[int] = []  # per unit: rows of its own tasks the view still holds (_try)
         self._preempts = bool(profile.preemption and profile.victim_searching)
+        self._assumed = InFlightPlans({})  # the unit's (schedule_unit), for the shedding search
         # The victim searching a task past its job's min_member may still do (capacity reclaim).
         self._past_minimum = [p for p in profile.victim_searching if not isinstance(p, ForStarvingJobs)]
         # Per class entry (by id, the entry kept beside its count), how many of its tasks the
@@ -94,6 +95,22 @@ class Placer:
         budgeted tasks they evict count as down)."""
         if assumed is None:
             assumed = InFlightPlans({})
+        self._assumed = assumed
+        ctx, unschedulable = self._schedule(unit, state, own_rows, assumed)
+        if ctx is not None and unit.shed is not None:
+            left = shed_left(ctx)
+            if left is not None:  # placed, but its queue would stay past its max_share
+                ctx.rollback(state)
+                return None, self._not_shed(ctx, state, left)
+        return ctx, unschedulable
+
+    def _schedule(
+        self,
+        unit: Unit,
+        state: ClusterArrays,
+        own_rows: npt.NDArray[np.int64] | None,
+        assumed: InFlightPlans,
+    ) -> tuple[UnitContext | None, Unschedulable | None]:
         ctx = UnitContext(unit)
         self._diagnosis: Diagnosis | None = None
         self._left_rows = []
@@ -110,6 +127,7 @@ class Placer:
                 break
         # The usual unit: one task, the whole view to choose from (one shard), no domains.
         alone = len(unit.task_indexes) == 1 and len(domains) == 1 and domains[0] is None
+        alone = alone and unit.shed is None  # a unit that sheds searches victims first (_try)
         if alone and len(locations) == 1 and locations[0] is None and self._place_alone(ctx, state):
             return ctx, None
         # A gang preempts by priority only below its min_member (Volcano's gang rule): a retry of
@@ -196,6 +214,7 @@ class Placer:
         unit_filters = self.profile.unit_filters
         task_row = state.task_row
         stale_rows: list[int] = []
+        shedding = unit.shed is not None and self._preempts
         for idx in indexes:
             tid = f"{job.id}/{idx}"  # task_id(job.id, idx), inline: once per task
             if tid in task_row:
@@ -220,6 +239,8 @@ class Placer:
                 break
             group = job.group_of(idx)
             entry = self.cache.entry(group, state)
+            if shedding and self._place_shedding(ctx, state, entry, allowed, idx, now):
+                continue
             eff = entry.eff
             if unit_filters:
                 for uf in unit_filters:
@@ -284,6 +305,53 @@ class Placer:
             resident = Resident.for_task(job, idx, gpus, now, unit.standing)
             ctx.place(state, row, resident, Placement(idx, node.name, gpus, victims))
         return unplaced
+
+    def _place_shedding(
+        self,
+        ctx: UnitContext,
+        state: ClusterArrays,
+        entry: ClassEntry,
+        allowed: Mask | None,
+        idx: int,
+        now: float,
+    ) -> bool:
+        """While the unit's queue has still to shed (Unit.shed), the task goes where evicting
+        lower-priority tasks of its queue sheds it (or the most of it), fitting or not; whether it
+        was placed so. Not placed (nothing of the queue to evict where it may go), it is placed as
+        any task, and the unit fails at the end if the queue has not shed enough."""
+        left = shed_left(ctx)
+        if left is None:
+            return False
+        candidate = find_candidate(
+            self.profile, entry, state, ctx, allowed, self._assumed, self._own, None, left
+        )
+        if candidate is None:
+            return False
+        for victim in candidate.victims:
+            ctx.evict(state, victim)
+        row = candidate.row
+        gpus = choose_gpus(entry.tc, state, row) if entry.tc.wants_gpu else ()
+        assert gpus is not None, "the victim search checked the GPUs fit"
+        node = state.nodes[row]
+        assert node is not None
+        job = ctx.unit.job
+        resident = Resident.for_task(job, idx, gpus, now, ctx.unit.standing)
+        victims = tuple(v.task_id for v in candidate.victims)
+        ctx.place(state, row, resident, Placement(idx, node.name, gpus, victims))
+        return True
+
+    def _not_shed(self, ctx: UnitContext, state: ClusterArrays, left: tuple[int, int, int]) -> Unschedulable:
+        """The unit placed, but without evicting enough of its queue's lower-priority tasks on
+        the nodes it took for the queue to stay within its max_share: unschedulable, saying so."""
+        unit = ctx.unit
+        assert unit.shed is not None
+        tc = self.cache.entry(unit.job.group_of(unit.task_indexes[0]), state).tc
+        note = shed_note(unit.job.queue, unit.shed, left, self._preempts)
+        diagnosis = self._diagnose(tc, state, ctx, note)
+        if ctx.protected:
+            diagnosis = replace(diagnosis, note=f"{diagnosis.note}; {protected_note(ctx.protected)}")
+        settling = ctx.victims_in_flight or ctx.budget_in_flight
+        return Unschedulable(unit.job.id, unit.task_indexes, diagnosis, unit.attempt, settling)
 
     def _place_alone(self, ctx: UnitContext, state: ClusterArrays) -> bool:
         """_try's first pass for a one-task unit over every row, where nothing but the class's
@@ -412,6 +480,28 @@ def protected_note(protected: dict[str, int]) -> str:
     by_nodes = sorted(protected.items(), key=lambda item: -item[1])
     rules = ", ".join(f"{why} on {n} node{'s' if n != 1 else ''}" for why, n in by_nodes)
     return f"no preemption: evicting lower-priority tasks would break {rules}"
+
+
+def shed_note(queue: str, shed: tuple[int, int, int], left: tuple[int, int, int], preempts: bool) -> str:
+    """Why a unit that had to shed its queue's usage (Unit.shed) was not placed."""
+    if not preempts:
+        return f"queue {queue} is at its max_share, and this profile preempts nothing to get within it"
+    names = ("cpu", "memory", "GPU")
+    short = ", ".join(
+        f"{name} {_amount(name, n - k)} of {_amount(name, n)}"
+        for name, n, k in zip(names, shed, left, strict=True)
+        if n
+    )
+    return (
+        f"queue {queue} is at its max_share: evicting its lower-priority tasks on the nodes this job "
+        f"may take frees only {short} of what the queue must give up"
+    )
+
+
+def _amount(name: str, value: int) -> str:
+    if name == "memory":
+        return f"{value / 2**30:.1f}GiB"
+    return f"{value / 1000:g}"
 
 
 def _largest_first(unit: Unit) -> tuple[int, ...]:

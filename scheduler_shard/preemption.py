@@ -379,6 +379,58 @@ def _borrows(use: Use | None, floor: Floor | None) -> bool:
     return any(f is not None and x > f for x, f in zip(use[1:], floor, strict=True))
 
 
+Shed = tuple[int, int, int]  # cpu milli, memory, GPU milli (Unit.shed)
+
+
+def shed_left(ctx: UnitContext) -> Shed | None:
+    """What the unit's queue still has to shed (Unit.shed) after the unit's evictions of its
+    tasks so far; None once it has (or when there is nothing to shed). The rest of a gang its
+    victims break is not counted: shedding more than asked is safe, less is not."""
+    shed = ctx.unit.shed
+    if shed is None:
+        return None
+    job = ctx.unit.job
+    cpu, mem, gpu = shed
+    for action, _, r in ctx.log:
+        if action == EVICT and r.queue == job.queue and r.job_id != job.id:
+            cpu, mem, gpu = cpu - r.cpu_milli, mem - r.memory, gpu - sum(m for _, m in r.gpus)
+    if cpu <= 0 and mem <= 0 and gpu <= 0:
+        return None
+    return max(cpu, 0), max(mem, 0), max(gpu, 0)
+
+
+def _shed_from(victims: list[Resident], queue: str, left: Shed) -> list[int]:
+    """`left` less what the victims of `queue` free."""
+    need = list(left)
+    for v in victims:
+        if v.queue == queue:
+            need[0] -= v.cpu_milli
+            need[1] -= v.memory
+            need[2] -= sum(m for _, m in v.gpus)
+    return need
+
+
+def _with_shed(victims: list[Resident], eligible: list[Resident], queue: str, left: Shed) -> list[Resident]:
+    """`victims` and, while they leave some of `left` to shed, more of the eligible tasks of
+    `queue` (all of lower priority than the unit's, as the victim search chose them), the least
+    important and the youngest first, each freeing some resource still to shed."""
+    need = _shed_from(victims, queue, left)
+    if all(x <= 0 for x in need):
+        return victims
+    chosen = {v.task_id for v in victims}
+    more = [r for r in eligible if r.queue == queue and r.task_id not in chosen]
+    out = list(victims)
+    for r in sorted(more, key=lambda r: (r.defends_with(queue), -r.start_time)):
+        frees = (r.cpu_milli, r.memory, sum(m for _, m in r.gpus))
+        if not any(f > 0 and n > 0 for f, n in zip(frees, need, strict=True)):
+            continue
+        out.append(r)
+        need = [n - f for n, f in zip(need, frees, strict=True)]
+        if all(x <= 0 for x in need):
+            break
+    return out
+
+
 def victims_on_row(
     entry: ClassEntry,
     state: ClusterArrays,
@@ -386,18 +438,28 @@ def victims_on_row(
     eligible: list[Resident],
     pricer: Pricer,
     forced: AbstractSet[str] = frozenset(),
+    shed: Shed | None = None,
 ) -> PricedCandidate | None:
     """Smallest victim set on `row` (after reprieve) that lets the task fit, priced with what its
     gang breaks take; None if none does or the set breaks a budget or a queue floor. The tasks
-    of `eligible` named in `forced` are never reprieved (their anti-affinity keeps the task off)."""
+    of `eligible` named in `forced` are never reprieved (their anti-affinity keeps the task off).
+    With `shed` (what the unit's queue has still to shed), the set takes more of the queue's own
+    eligible tasks until it is shed, or the row has no more."""
     tc = entry.tc
     req = tc.request
     wants_extended = any(amount > 0 for _, amount in req.extended)  # as resources_fit: 0 asks nothing
     arithmetic = not req.wants_gpu and not wants_extended and not any(r.gpus or r.extended for r in eligible)
+    # Shedding, the queue's own tasks are reprieved last: those the task must displace anyway
+    # are then the queue's, and count toward its shed.
+    first: ReprieveOrder = (
+        _reprieve_order if shed is None else _others_first(pricer.own_queue, _reprieve_order)
+    )
     if arithmetic:
-        victims = _cpu_memory_victims(tc, state, row, eligible, forced=forced)
+        victims = _cpu_memory_victims(tc, state, row, eligible, first, forced)
     else:
-        victims = _victims_by_trial(entry, state, row, eligible, forced=forced)
+        victims = _victims_by_trial(entry, state, row, eligible, first, forced)
+    if shed is not None and victims is not None:
+        victims = _with_shed(victims, eligible, pricer.own_queue, shed)
     if not victims:
         return None
     price = pricer.price(victims)
@@ -406,11 +468,17 @@ def victims_on_row(
         # another set may keep it. Search again with the victims the rules protect reprieved
         # first: only here, so the usual case (the first set passes) costs nothing more.
         order = _protected_first(eligible, pricer)
+        if shed is not None:
+            order = _others_first(pricer.own_queue, order)
         if arithmetic:
             victims = _cpu_memory_victims(tc, state, row, eligible, order, forced)
         else:
             victims = _victims_by_trial(entry, state, row, eligible, order, forced)
-        assert victims, "all of `eligible` gone lets the task fit, as in the first search"
+        assert victims is not None, "all of `eligible` gone lets the task fit, as in the first search"
+        if shed is not None:
+            victims = _with_shed(victims, eligible, pricer.own_queue, shed)
+        if not victims:
+            return None
         price = pricer.price(victims)
         if price is None:
             return None
@@ -424,6 +492,11 @@ ReprieveOrder = Callable[[Resident], tuple[float, ...]]  # sort key: the first r
 def _reprieve_order(r: Resident) -> tuple[int, bool, float]:
     # The most important first; at equal priority gang members (evicting one may break the gang).
     return (-r.priority, r.min_member <= 1, r.start_time)
+
+
+def _others_first(queue: str, order: ReprieveOrder) -> ReprieveOrder:
+    """`order` with the tasks of queues other than `queue` reprieved first."""
+    return lambda r: (r.queue == queue, *order(r))
 
 
 def _protected_first(eligible: list[Resident], pricer: Pricer) -> ReprieveOrder:
@@ -546,13 +619,16 @@ def find_candidate(
     plans: InFlightPlans | None = None,
     own: Mask | None = None,
     searching: Sequence[VictimSearchingPlugin] | None = None,
+    shed: Shed | None = None,
 ) -> Candidate | None:
     """The best node and its victims for the task, or None. Tasks that `plans` (this shard's
     units still awaiting the binder) placed are never victims: they are not bound, so the
     binder would refuse the proposal, and undoing the two attempts would then restore a task that
     was never placed; the budgeted tasks they evict count as down. `own`: the shard's partition,
     whose candidates win at equal harm.
-    `searching`: the VictimSearching plugins that may name victims (None: the profile's)."""
+    `searching`: the VictimSearching plugins that may name victims (None: the profile's).
+    `shed`: what the unit's queue must still shed (shed_left): victims of the queue are taken on
+    a node beyond what the task needs, and the nodes whose victims shed it all come first."""
     if searching is None:
         searching = profile.victim_searching
     tc, unit = entry.tc, ctx.unit
@@ -643,7 +719,7 @@ def find_candidate(
         if stuck or not eligible or not could_fit(tc, state, row, eligible):
             continue
         pricer.refused = ""
-        candidate = victims_on_row(entry, state, row, eligible, pricer, forced)
+        candidate = victims_on_row(entry, state, row, eligible, pricer, forced, shed)
         if candidate is not None:
             candidate.remote = own is not None and not own[row]
             candidates.append(candidate)
@@ -661,4 +737,9 @@ def find_candidate(
         return None
     for sorter in profile.candidate_sorting:
         candidates = sorter.sort(candidates)
+    if shed is not None:
+        queue = unit.job.queue
+        for c in candidates:  # the first (by the sorters' order) that sheds all that is left
+            if all(x <= 0 for x in _shed_from(c.victims, queue, shed)):
+                return c
     return candidates[0]
