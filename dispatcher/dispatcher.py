@@ -393,6 +393,8 @@ class Dispatcher:
         self._seq += len(recs)
         ids = list(map(_ID, jobs))
         self._jobs.update(zip(ids, recs, strict=True))
+        if self._shedding.any_enabled:
+            self._shedding.admit(recs)
         tenant_jobs = self._tenant_jobs
         for tenant, n in Counter(map(_TENANT, jobs)).items():
             tenant_jobs[tenant] = tenant_jobs.get(tenant, 0) + n
@@ -724,8 +726,7 @@ class Dispatcher:
         if not any(excess):
             return None  # within it after all (the share's rounding): _prefix_within said no
         key = tuple(usage.usage("queue", rec.queue, "held").tolist())
-        jobs = self._jobs
-        return self._shedding.shed_for(rec, excess, key, lambda: (r for r in jobs.values() if r.qi == qi))
+        return self._shedding.shed_for(rec, excess, key)
 
     def _never_fits(self, rec: JobRecord, idx: tuple[int, ...]) -> bool:
         """Even with its queue otherwise empty, the job's next unit would pass max_share."""
@@ -1606,6 +1607,8 @@ class Dispatcher:
         if rec.where is not IDLE or rec.n_pending or rec.n_scheduled or rec.n_held:
             return
         del self._jobs[rec.job_id]
+        if self._shedding.any_enabled:
+            self._shedding.forget(rec)
         self._reservations.forget(rec.job_id)
         if self._gone_in_flight:
             self._gone_in_flight.pop(rec.job_id, None)
@@ -1801,6 +1804,8 @@ class Dispatcher:
             rec.cancelled = CANCELLED in states
             rec.failure = failures.get(job.id, "")
             self._jobs[job.id] = rec
+            if self._shedding.any_enabled:
+                self._shedding.admit((rec,))
             if job.max_retries:
                 for tid in job.task_ids():
                     if tid in retried:

@@ -16,7 +16,7 @@ Two guards keep this from churning:
 """
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from gosched.common.config import QueueConfig
@@ -56,10 +56,14 @@ class _Lower:
 
 
 class QueueShedding:
-    __slots__ = ("_in_flight", "_lower", "enabled", "why")
+    __slots__ = ("_in_flight", "_lower", "any_enabled", "enabled", "members", "why")
 
     def __init__(self, queues: Sequence[QueueConfig]) -> None:
         self.enabled = [q.within_queue_preemption == LOWER_PRIORITY for q in queues]
+        self.any_enabled = any(self.enabled)
+        # The jobs of each queue that may shed (admit/forget), read again to sum what they hold by
+        # priority when the queue's held usage has changed: the queue's jobs, not every job.
+        self.members: list[dict[str, JobRecord]] = [{} for _ in queues]
         self._in_flight: list[tuple[JobRecord, int] | None] = [None] * len(queues)
         self._lower: list[_Lower | None] = [None] * len(queues)
         # Per queue: why its held-back head may not shed (for explain), "" when it may or did.
@@ -81,12 +85,11 @@ class QueueShedding:
         rec: JobRecord,
         excess: Shed,
         held_key: tuple[int, ...],
-        records: Callable[[], Iterable[JobRecord]],
     ) -> Shed | None:
         """`excess` (what the queue would be past its max_share with the unit) if the queue's
         lower-priority preemptible tasks hold it and no other unit of the queue sheds now; else
         None, with the reason in `why`. `held_key`: the queue's held usage, which the cached sums
-        by priority are good for; `records`: the queue's jobs, read when it changed."""
+        by priority are good for (read again from the queue's jobs when it changed)."""
         qi = rec.qi
         other = self.shedder(qi)
         if other is not None:
@@ -94,13 +97,24 @@ class QueueShedding:
             return None
         lower = self._lower[qi]
         if lower is None or lower.key != held_key:
-            lower = self._lower[qi] = _Lower(held_key, records())
+            lower = self._lower[qi] = _Lower(held_key, self.members[qi].values())
         can = lower.below(rec.job.priority)
         if any(need > have for need, have in zip(excess, can, strict=True)):
             self.why[qi] = "its queue's preemptible tasks of lower priority hold too little to make room"
             return None
         self.why[qi] = ""
         return excess
+
+    def admit(self, recs: Iterable[JobRecord]) -> None:
+        """Jobs taken in (submitted, or restored): those of queues that may shed are kept."""
+        enabled, members = self.enabled, self.members
+        for rec in recs:
+            if enabled[rec.qi]:
+                members[rec.qi][rec.job_id] = rec
+
+    def forget(self, rec: JobRecord) -> None:
+        """A job that has ended."""
+        self.members[rec.qi].pop(rec.job_id, None)
 
     def started(self, rec: JobRecord) -> None:
         """rec's unit, dispatched with a shed, is in flight."""

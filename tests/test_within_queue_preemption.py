@@ -280,3 +280,16 @@ def test_a_shedding_queue_is_never_bound_past_its_max_share(
                 p.complete(data.draw(st.lists(st.sampled_from(bound), unique=True, max_size=3)))
         assert all(p.dispatcher.job_state(j) is not None for j in submitted)  # none is lost
         p.close()
+
+
+def test_after_a_restart_the_restored_jobs_are_shed(tmp_path: Path) -> None:
+    """The jobs a restarted master reads back count as the queue's, for what it may shed."""
+    queues = [QueueConfig(name="a", max_share=0.5, within_queue_preemption=LOWER), QueueConfig(name="b")]
+    p, _ = pipeline(tmp_path, NODES["ten"](), queues=queues)
+    p.submit_many(low("lo", 5))
+    p.run_until_idle()
+    p.close()
+    q, evicted = pipeline(tmp_path, [], queues=queues)  # the nodes come back from the store
+    q.submit(high("hp"))
+    q.run_until_idle(wait_backoff=True)
+    assert (held(q, "hp"), held(q, "lo"), sum(evicted.values())) == (1, 4, 1), q.dispatcher.explain("hp")
