@@ -91,7 +91,9 @@ class QueueConfig(_Strict):
     tenant_weights: dict[str, float] = Field(default_factory=dict)
     # A job the queue's max_share holds back may evict the queue's own lower-priority preemptible
     # tasks to get within it (Kueue's withinClusterQueue: LowerPriority; YARN's intra-queue
-    # preemption). "never" (the default, as theirs): it waits for the queue's usage to fall.
+    # preemption). "never" (the default, as theirs): it waits for the queue's usage to fall. In a
+    # fifo queue an evicted job returns to its place in line and waits there at the cap, holding
+    # the later jobs back: use policy priority for priority to order the queue.
     within_queue_preemption: Literal["never", "lower_priority"] = "never"
 
     @model_validator(mode="after")

@@ -84,7 +84,9 @@ class UnitBatch:
         job_rows = None if unit_rows is None else rows_of(Job, [row[0] for row in unit_rows])
         if unit_rows is None or job_rows is None or type(self) is not UnitBatch:
             return type(self), (self.shard_id, units)
-        return _unit_batch, (self.shard_id, job_rows, [row[1:] for row in unit_rows])
+        # A unit with nothing to shed leaves its last field out, as the dispatcher's rows do.
+        rests = [row[1:-1] if row[-1] is None else row[1:] for row in unit_rows]
+        return _unit_batch, (self.shard_id, job_rows, rests)
 
 
 def _unit_batch(shard_id: int, job_rows: list[tuple[Any, ...]], rests: list[tuple[Any, ...]]) -> UnitBatch:
@@ -93,19 +95,23 @@ def _unit_batch(shard_id: int, job_rows: list[tuple[Any, ...]], rests: list[tupl
 
 
 # A Unit's field values in order (what fast_pickle.rows_of(Unit) reads): job, task_indexes,
-# min_needed, attempt, reclaim_from, dispatch_time, held, floors, standing, shed.
-UnitRow = tuple[
-    Job,
-    tuple[int, ...],
-    int,
-    int,
-    frozenset[str],
-    float,
-    int,
-    tuple[QueueFloor, ...],
-    int | None,
-    tuple[int, int, int] | None,
-]
+# min_needed, attempt, reclaim_from, dispatch_time, held, floors, standing, and shed only where
+# there is one (the usual unit's row, and its bytes, are as they were before shedding came).
+UnitRow = (
+    tuple[Job, tuple[int, ...], int, int, frozenset[str], float, int, tuple[QueueFloor, ...], int | None]
+    | tuple[
+        Job,
+        tuple[int, ...],
+        int,
+        int,
+        frozenset[str],
+        float,
+        int,
+        tuple[QueueFloor, ...],
+        int | None,
+        tuple[int, int, int],
+    ]
+)
 ROW_DISPATCH_TIME: Final = 5  # the dispatch_time's place in a UnitRow
 _JOB_OF_ROW = itemgetter(0)
 _REST_OF_ROW = itemgetter(slice(1, None))

@@ -824,7 +824,7 @@ class Dispatcher:
                     need = 1
                 if need > count:
                     need = count
-                batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None, None))
+                batch.append((rec.job, idx, need, attempt, NO_RECLAIM, now, held, floors, None))
                 free_cpu -= cpu
                 free_mem -= mem
                 free_gpu -= gpu
@@ -901,6 +901,8 @@ class Dispatcher:
             need = 1
         if need > count:
             need = count
+        if shed is None:  # the usual unit: its row without the field (UnitRow)
+            return (rec.job, idx, need, attempt, reclaim, now, held, floors, standing)
         return (rec.job, idx, need, attempt, reclaim, now, held, floors, standing, shed)
 
     # -- answers ---------------------------------------------------------------------------------------
